@@ -1,0 +1,225 @@
+"""Head ablation at the input of the attention output projection.
+
+A head is a *query* head ``(layer, head)``, written ``L{layer}H{head}``. The input of the output
+projection (``o_proj`` / ``c_proj`` / ``dense``) is the concatenation of the query heads' outputs,
+``[batch, pos, n_heads * head_dim]``; we view it as ``[batch, pos, n_heads, head_dim]`` and replace
+the slice of the ablated heads, so exactly one query head's contribution is removed even when
+several query heads share a key/value head (GQA/MQA).
+
+Example:
+    >>> from cel_utils.ablation import parse_heads, format_heads
+    >>> parse_heads("L0H6,L1H1")
+    [(0, 6), (1, 1)]
+    >>> format_heads([(0, 6)])
+    'L0H6'
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from typing import Iterable, Sequence
+
+import torch
+
+from .errors import CELError
+
+Head = tuple[int, int]
+MODES = ("zero", "mean")
+_HEAD_RE = re.compile(r"^L(\d+)H(\d+)$", re.IGNORECASE)
+
+
+def head_name(head: Head) -> str:
+    return f"L{head[0]}H{head[1]}"
+
+
+def format_heads(heads: Iterable[Head]) -> str:
+    return ",".join(head_name(h) for h in heads)
+
+
+def parse_heads(spec: str | Iterable, n_layers: int | None = None, n_heads: int | None = None) -> list[Head]:
+    """Parse ``"L0H6,L1H1"`` (or a list of such names / tuples) and check the range if geometry is given.
+
+    ``"L3"`` (a whole layer) and ``"all"`` are accepted when the geometry is known.
+    """
+    if isinstance(spec, str):
+        parts = [p.strip() for p in spec.split(",") if p.strip()]
+    else:
+        parts = list(spec)
+    heads: list[Head] = []
+    for p in parts:
+        if isinstance(p, (tuple, list)) and len(p) == 2:
+            heads.append((int(p[0]), int(p[1])))
+            continue
+        p = str(p)
+        if p.lower() == "all" and n_layers is not None and n_heads is not None:
+            heads.extend((l, h) for l in range(n_layers) for h in range(n_heads))
+            continue
+        m_layer = re.fullmatch(r"L(\d+)", p, re.IGNORECASE)
+        if m_layer and n_heads is not None:
+            heads.extend((int(m_layer.group(1)), h) for h in range(n_heads))
+            continue
+        m = _HEAD_RE.match(p)
+        if not m:
+            raise CELError(f"malformed head {p!r}: write heads as L<layer>H<head>, e.g. L0H6")
+        heads.append((int(m.group(1)), int(m.group(2))))
+    if n_layers is not None and n_heads is not None:
+        for l, h in heads:
+            if not (0 <= l < n_layers and 0 <= h < n_heads):
+                raise CELError(f"head {head_name((l, h))} out of range: the model has {n_layers} layers "
+                               f"x {n_heads} heads (L0H0..L{n_layers - 1}H{n_heads - 1})")
+    # keep order, drop duplicates
+    seen: set = set()
+    return [h for h in heads if not (h in seen or seen.add(h))]
+
+
+def all_heads(lm) -> list[Head]:
+    return [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
+
+
+class HeadAblator:
+    """Forward pre-hooks on every output projection; which heads they remove is set per forward.
+
+    ``masks`` is a bool tensor ``[rows or 1, n_layers, n_heads]`` (True = ablate), so each batch row can
+    carry its own head set. Rows not ablated in a layer are returned bit-identical (``torch.where``).
+    """
+
+    def __init__(self, lm, mode: str = "zero", means: torch.Tensor | None = None):
+        if mode not in MODES:
+            raise CELError(f"unknown ablation mode {mode!r}; use one of {', '.join(MODES)}")
+        if mode == "mean" and means is None:
+            raise CELError("mean ablation needs head means: see compute_head_means")
+        self.lm = lm
+        self.mode = mode
+        self.means = means  # [n_layers, n_heads, head_dim]
+        self.masks: torch.Tensor | None = None  # [rows, n_layers, n_heads]
+        self._layer_active: list[bool] = [False] * lm.n_layers
+        self._handles: list = []
+
+    def set_masks(self, masks: torch.Tensor | None) -> None:
+        self.masks = masks
+        if masks is None:
+            self._layer_active = [False] * self.lm.n_layers
+        else:
+            self._layer_active = masks.any(dim=(0, 2)).tolist()
+
+    def _hook(self, layer: int):
+        H, D = self.lm.n_heads, self.lm.head_dim
+
+        def pre_hook(module, args, kwargs):
+            if not self._layer_active[layer]:
+                return None
+            x = args[0]  # [batch, pos, n_heads * head_dim]
+            b, t = x.shape[0], x.shape[1]
+            xh = x.view(b, t, H, D)  # [batch, pos, head, d_head]
+            m = self.masks[:, layer]  # [rows, head]
+            if m.shape[0] not in (1, b):
+                raise RuntimeError(f"head mask has {m.shape[0]} rows for a batch of {b}")
+            m = m.to(x.device)[:, None, :, None]  # [rows, 1, head, 1]
+            if self.mode == "zero":
+                repl = torch.zeros((), dtype=x.dtype, device=x.device)
+            else:
+                repl = self.means[layer].to(device=x.device, dtype=x.dtype)[None, None]  # [1, 1, head, d_head]
+            out = torch.where(m, repl, xh).reshape(b, t, H * D)
+            return (out,) + tuple(args[1:]), kwargs
+
+        return pre_hook
+
+    def attach(self) -> "HeadAblator":
+        for l in range(self.lm.n_layers):
+            self._handles.append(self.lm.out_proj(l).register_forward_pre_hook(self._hook(l), with_kwargs=True))
+        return self
+
+    def detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def head_mask(lm, heads: Sequence[Head]) -> torch.Tensor:
+    """Bool mask ``[1, n_layers, n_heads]`` for one head set."""
+    m = torch.zeros(1, lm.n_layers, lm.n_heads, dtype=torch.bool)
+    for l, h in parse_heads(heads, lm.n_layers, lm.n_heads):
+        m[0, l, h] = True
+    return m
+
+
+def row_masks(lm, head_sets: Sequence[Sequence[Head]]) -> torch.Tensor:
+    """Bool masks ``[len(head_sets), n_layers, n_heads]``: one head set per batch row."""
+    return torch.cat([head_mask(lm, hs) for hs in head_sets], dim=0) if head_sets else \
+        torch.zeros(0, lm.n_layers, lm.n_heads, dtype=torch.bool)
+
+
+@contextmanager
+def ablate_heads(lm, heads: Sequence[Head] | str = (), mode: str = "zero", means: torch.Tensor | None = None,
+                 per_row: Sequence[Sequence[Head]] | None = None):
+    """Context manager: run ``lm.model`` with heads ablated; the model is always restored.
+
+    Either one head set for every row (``heads``) or one per batch row (``per_row``).
+
+    Example:
+        >>> with ablate_heads(lm, "L14H8"):                 # doctest: +SKIP
+        ...     logits = lm.model(**batch).logits
+    """
+    if isinstance(heads, str):
+        heads = parse_heads(heads, lm.n_layers, lm.n_heads)
+    ab = HeadAblator(lm, mode=mode, means=means)
+    ab.set_masks(row_masks(lm, per_row) if per_row is not None else head_mask(lm, heads))
+    ab.attach()
+    try:
+        yield ab
+    finally:
+        ab.detach()
+
+
+@torch.no_grad()
+def compute_head_means(lm, token_lists: Sequence[Sequence[int]], batch_size: int = 16) -> torch.Tensor:
+    """Mean of each head's output (o_proj input) over all positions of the given prompts.
+
+    Returns ``[n_layers, n_heads, head_dim]``; used by ``mode="mean"``.
+    """
+    if not token_lists:
+        raise CELError("mean ablation needs at least one reference prompt")
+    H, D = lm.n_heads, lm.head_dim
+    sums = torch.zeros(lm.n_layers, H, D, dtype=torch.float64)
+    count = 0
+    current: dict = {}
+
+    def make_hook(layer):
+        def hook(module, args):
+            x = args[0].detach()  # [batch, pos, n_heads * head_dim]
+            keep = current["mask"].to(x.device)[..., None]  # [batch, pos, 1]
+            sums[layer] += (x * keep).sum(dim=(0, 1)).double().view(H, D).cpu()
+        return hook
+
+    handles = [lm.out_proj(l).register_forward_pre_hook(make_hook(l)) for l in range(lm.n_layers)]
+    try:
+        for i in range(0, len(token_lists), batch_size):
+            chunk = token_lists[i:i + batch_size]
+            ids, att = pad_right(chunk, pad_id(lm))
+            current["mask"] = att.float()
+            lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), use_cache=False)
+            count += int(att.sum())
+    finally:
+        for h in handles:
+            h.remove()
+    return (sums / count).float()
+
+
+def pad_id(lm) -> int:
+    tok = lm.tokenizer
+    for cand in (tok.pad_token_id, tok.eos_token_id, 0):
+        if cand is not None:
+            return int(cand)
+    return 0
+
+
+def pad_right(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists: ``ids [batch, pos]`` and ``attention_mask [batch, pos]``."""
+    T = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
+    att = torch.zeros((len(seqs), T), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
+        att[i, :len(s)] = 1
+    return ids, att

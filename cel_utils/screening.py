@@ -1,0 +1,230 @@
+"""Screening: ablate heads one at a time (or many head sets) and measure the task.
+
+The exact engine (:func:`evaluate_head_sets`) gives the same numbers as the plain loop
+(:func:`plain_screen`: one full forward per head over every (item, choice) sequence) and uses the
+structure of the problem:
+
+* layers below the first ablated layer ``l`` are unchanged, so one clean pass per batch caches every
+  layer's input residual ``[batch, pos, d_model]`` and ablated passes start at layer ``l`` (the
+  decoder layers below ``l`` are swapped for stubs that return the cached residual);
+* several head sets are evaluated in one batched forward, one head set per group of rows;
+* logits are computed only at the positions that scoring reads;
+* each item's prompt is run once for all its one-token choices (see :mod:`cel_utils.scoring`).
+
+Example:
+    >>> from cel_utils import models, tasks, screening        # doctest: +SKIP
+    >>> lm = models.load_model("smollm2-135m")                 # doctest: +SKIP
+    >>> task = tasks.load_task("addition", n=20)               # doctest: +SKIP
+    >>> df = screening.screen(lm, task).table                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .ablation import HeadAblator, Head, all_heads, compute_head_means, head_name, pad_id, pad_right, row_masks
+from .models import FAMILIES, _get_attr
+from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, encode_task, logits_at, \
+    plain_evaluate, read_stats
+
+
+class _Stub(torch.nn.Module):
+    """Stands in for a decoder layer below the first ablated layer: returns a cached residual."""
+
+    def __init__(self, out: torch.Tensor | None):
+        super().__init__()
+        self.out = out
+
+    def forward(self, *args, **kwargs):
+        if self.out is not None:
+            return self.out
+        return args[0] if args else kwargs["hidden_states"]
+
+
+def _layer_list(lm) -> torch.nn.ModuleList:
+    return _get_attr(lm.model, FAMILIES[lm.family][0])
+
+
+@torch.no_grad()
+def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str = "zero",
+                       means: torch.Tensor | None = None, max_tokens: int = 8192, progress: bool = True,
+                       desc: str = "evaluating head sets") -> ItemResults:
+    """Evaluate each head set (heads in a set ablated together) on every item.
+
+    Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
+    ``max_tokens`` bounds the padded tokens per forward (memory).
+    """
+    S = len(head_sets)
+    masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
+    first_layer = [min(l for l, _ in hs) if len(hs) else -1 for hs in head_sets]
+    groups: dict[int, list[int]] = {}
+    for s, l in enumerate(first_layer):
+        groups.setdefault(l, []).append(s)
+    lp_out = np.zeros((S, enc.n_reads), dtype=np.float64)
+    gap_out = np.zeros((S, enc.n_reads), dtype=np.float64)
+
+    lengths = [len(x) for x in enc.inputs]
+    batches = batches_by_tokens(lengths, max_tokens)
+    reads_of_seq: dict[int, np.ndarray] = {}
+    order = np.argsort(enc.read_seq, kind="stable")
+    bounds = np.searchsorted(enc.read_seq[order], np.arange(len(enc.inputs) + 1))
+    for s in range(len(enc.inputs)):
+        reads_of_seq[s] = order[bounds[s]:bounds[s + 1]]
+
+    # plan the forwards: per batch, per first layer, chunks of head sets
+    plan = []
+    for bi, seqs in enumerate(batches):
+        T = max(lengths[i] for i in seqs)
+        per_fwd = max(1, max_tokens // (T * len(seqs)))
+        for l in sorted(k for k in groups if k >= 0):
+            ss = groups[l]
+            for c in range(0, len(ss), per_fwd):
+                plan.append((bi, l, ss[c:c + per_fwd]))
+    bar = tqdm(total=len(batches) + len(plan), desc=desc, disable=not progress, leave=False)
+
+    layers = _layer_list(lm)
+    originals = list(layers)
+    base = lm.model.base_model
+    ablator = HeadAblator(lm, mode=mode, means=means).attach()
+    captured: list = [None] * lm.n_layers
+
+    def capture(j):
+        def hook(module, args, kwargs):
+            captured[j] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    try:
+        plan_by_batch: dict[int, list] = {}
+        for bi, l, ss in plan:
+            plan_by_batch.setdefault(bi, []).append((l, ss))
+        pad = pad_id(lm)
+        for bi, seqs in enumerate(batches):
+            ids, att = pad_right([enc.inputs[i] for i in seqs], pad)
+            ids, att = ids.to(lm.device), att.to(lm.device)
+            B = len(seqs)
+            reads = np.concatenate([reads_of_seq[s] for s in seqs])
+            row_of_seq = {s: r for r, s in enumerate(seqs)}
+            r_rows = torch.tensor([row_of_seq[int(enc.read_seq[r])] for r in reads], device=lm.device)
+            r_pos = torch.tensor(enc.read_pos[reads], device=lm.device)
+            r_tok = torch.tensor(enc.read_tok[reads], device=lm.device)
+
+            # clean pass, caching every layer's input
+            handles = [originals[j].register_forward_pre_hook(capture(j), with_kwargs=True)
+                       for j in range(lm.n_layers)]
+            try:
+                ablator.set_masks(None)
+                hidden = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
+            finally:
+                for h in handles:
+                    h.remove()
+            cache = [c.detach() for c in captured]
+            lp, gap = read_stats(logits_at(lm, hidden[r_rows, r_pos]), r_tok)
+            for s in groups.get(-1, []):
+                lp_out[s, reads] = lp.cpu().numpy()
+                gap_out[s, reads] = gap.cpu().numpy()
+            bar.update(1)
+
+            for l, ss in plan_by_batch.get(bi, []):
+                k = len(ss)
+                # rows are [set, sequence]: set j occupies rows j*B .. (j+1)*B-1
+                m = masks[ss].repeat_interleave(B, dim=0)  # [k*B, n_layers, n_heads]
+                ablator.set_masks(m)
+                try:
+                    for j in range(l):
+                        layers[j] = _Stub(cache[l].repeat(k, 1, 1) if j == l - 1 else None)
+                    hidden = base(input_ids=ids.repeat(k, 1), attention_mask=att.repeat(k, 1),
+                                  use_cache=False).last_hidden_state  # [k*B, pos, d_model]
+                finally:
+                    for j in range(l):
+                        layers[j] = originals[j]
+                rows = (torch.arange(k, device=lm.device)[:, None] * B + r_rows[None]).reshape(-1)
+                lp, gap = read_stats(logits_at(lm, hidden[rows, r_pos.repeat(k)]), r_tok.repeat(k))
+                lp = lp.view(k, -1).cpu().numpy()
+                gap = gap.view(k, -1).cpu().numpy()
+                for j, s in enumerate(ss):
+                    lp_out[s, reads] = lp[j]
+                    gap_out[s, reads] = gap[j]
+                bar.update(1)
+            captured[:] = [None] * lm.n_layers
+    finally:
+        ablator.detach()
+        for j in range(lm.n_layers):
+            layers[j] = originals[j]
+        bar.close()
+    return aggregate(enc, lp_out, gap_out)
+
+
+@dataclass
+class Screen:
+    """A screen: baseline and per-head results, with the per-item arrays kept for statistics."""
+
+    heads: list[Head]
+    baseline: ItemResults  # [1, n_items]
+    results: ItemResults  # [n_heads, n_items]
+    mode: str
+    method: str = "exact"
+    seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        acc = self.results.accuracy
+        mm = self.results.mean_margin
+        b_acc = float(self.baseline.accuracy[0])
+        b_m = float(self.baseline.mean_margin[0])
+        return pd.DataFrame({
+            "head": [head_name(h) for h in self.heads],
+            "layer": [h[0] for h in self.heads],
+            "head_index": [h[1] for h in self.heads],
+            "accuracy": acc,
+            "mean_margin": mm,
+            "delta_accuracy": acc - b_acc,
+            "delta_margin": mm - b_m,
+        })
+
+    def top(self, k: int = 10, by: str = "delta_margin") -> pd.DataFrame:
+        return self.table.sort_values([by, "delta_accuracy" if by != "delta_accuracy" else "delta_margin"],
+                                      ascending=False).head(k).reset_index(drop=True)
+
+
+def screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zero", means=None,
+           max_tokens: int = 8192, progress: bool = True, enc: EncodedTask | None = None) -> Screen:
+    """Ablate each head alone (all heads by default) with the exact engine."""
+    heads = list(heads) if heads is not None else all_heads(lm)
+    enc = enc if enc is not None else encode_task(lm, task)
+    if mode == "mean" and means is None:
+        means = compute_head_means(lm, [enc_i for enc_i in enc.inputs])
+    t0 = time.perf_counter()
+    res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in heads], mode=mode, means=means,
+                             max_tokens=max_tokens, progress=progress, desc=f"screening {len(heads)} heads")
+    secs = time.perf_counter() - t0
+    base = ItemResults(res.correct[:1], res.margin[:1], None if res.choice_scores is None else res.choice_scores[:1])
+    rest = ItemResults(res.correct[1:], res.margin[1:], None if res.choice_scores is None else res.choice_scores[1:])
+    return Screen(heads=heads, baseline=base, results=rest, mode=mode, seconds=secs)
+
+
+def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zero", means=None,
+                 batch_size: int = 16, progress: bool = True, enc: EncodedTask | None = None) -> Screen:
+    """The plain loop: for each head, one full forward over every (item, choice) sequence."""
+    heads = list(heads) if heads is not None else all_heads(lm)
+    enc = enc if enc is not None else encode_task(lm, task)
+    if mode == "mean" and means is None:
+        means = compute_head_means(lm, [enc_i for enc_i in enc.inputs])
+    t0 = time.perf_counter()
+    ablator = HeadAblator(lm, mode=mode, means=means).attach()
+    try:
+        base = plain_evaluate(lm, enc, (), batch_size=batch_size, ablator=ablator)
+        outs = [plain_evaluate(lm, enc, [h], batch_size=batch_size, ablator=ablator)
+                for h in tqdm(heads, desc="plain loop", disable=not progress, leave=False)]
+    finally:
+        ablator.detach()
+    secs = time.perf_counter() - t0
+    res = ItemResults(np.concatenate([o.correct for o in outs]), np.concatenate([o.margin for o in outs]))
+    return Screen(heads=heads, baseline=base, results=res, mode=mode, method="plain", seconds=secs)

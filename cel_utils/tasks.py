@@ -1,0 +1,377 @@
+"""Tasks: built-in generated tasks with disjoint search/held-out splits, and JSONL tasks.
+
+Two kinds of item:
+  * multiple choice ``{"prompt", "choices", "answer"}`` (metric: the answer has the highest log-prob)
+  * exact match ``{"prompt", "target"}`` (metric: every target token is top-1 under teacher forcing)
+
+Example:
+    >>> from cel_utils.tasks import load_task
+    >>> t = load_task("addition", split="search", n=2, seed=0)
+    >>> t.kind, len(t.items), t.items[0]["prompt"].endswith("= ")
+    ('em', 2, True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import CELError
+
+SPLITS = ("search", "heldout")
+
+
+@dataclass
+class Task:
+    name: str
+    kind: str  # "mc" or "em"
+    items: list[dict]
+    split: str | None = None
+    seed: int | None = None
+    description: str = ""
+    metric: str = ""
+    source: str = "builtin"
+    labels: list[str] = field(default_factory=list)  # class labels, for per-class accuracy
+
+    def items_hash(self) -> str:
+        blob = json.dumps(self.items, sort_keys=True, ensure_ascii=False).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+# --------------------------------------------------------------------------------------------
+# Word lists
+# --------------------------------------------------------------------------------------------
+CAPITALS = [
+    ("France", "Paris"), ("Japan", "Tokyo"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
+    ("Russia", "Moscow"), ("China", "Beijing"), ("Egypt", "Cairo"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"), ("Poland", "Warsaw"), ("Sweden", "Stockholm"), ("Norway", "Oslo"),
+    ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Ireland", "Dublin"), ("Hungary", "Budapest"),
+    ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Cuba", "Havana"), ("Peru", "Lima"),
+    ("Argentina", "Buenos Aires"), ("Chile", "Santiago"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"),
+    ("Mexico", "Mexico City"), ("Canada", "Ottawa"), ("Australia", "Canberra"), ("Kenya", "Nairobi"),
+    ("Nigeria", "Abuja"), ("Ethiopia", "Addis Ababa"), ("Morocco", "Rabat"), ("Turkey", "Ankara"),
+    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"),
+    ("Indonesia", "Jakarta"), ("Philippines", "Manila"), ("South Korea", "Seoul"), ("India", "New Delhi"),
+    ("Pakistan", "Islamabad"), ("Bangladesh", "Dhaka"), ("Afghanistan", "Kabul"), ("Ukraine", "Kyiv"),
+    ("Romania", "Bucharest"), ("Bulgaria", "Sofia"), ("Serbia", "Belgrade"), ("Croatia", "Zagreb"),
+    ("Czech Republic", "Prague"), ("Switzerland", "Bern"), ("Iceland", "Reykjavik"), ("Scotland", "Edinburgh"),
+    ("England", "London"), ("Israel", "Jerusalem"), ("Lebanon", "Beirut"), ("Syria", "Damascus"),
+    ("Jordan", "Amman"), ("Saudi Arabia", "Riyadh"), ("Qatar", "Doha"), ("Nepal", "Kathmandu"),
+    ("Mongolia", "Ulaanbaatar"), ("Malaysia", "Kuala Lumpur"), ("Singapore", "Singapore"),
+    ("New Zealand", "Wellington"), ("Brazil", "Brasilia"), ("Uruguay", "Montevideo"), ("Ecuador", "Quito"),
+    ("Bolivia", "La Paz"), ("Jamaica", "Kingston"), ("Ghana", "Accra"), ("Senegal", "Dakar"),
+    ("Tanzania", "Dodoma"), ("Uganda", "Kampala"), ("Zimbabwe", "Harare"), ("Algeria", "Algiers"),
+    ("Tunisia", "Tunis"), ("Libya", "Tripoli"), ("Sudan", "Khartoum"), ("Lithuania", "Vilnius"),
+    ("Latvia", "Riga"), ("Estonia", "Tallinn"), ("Slovakia", "Bratislava"), ("Slovenia", "Ljubljana"),
+]
+ANTONYMS = [
+    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("up", "down"), ("light", "dark"),
+    ("old", "new"), ("rich", "poor"), ("strong", "weak"), ("open", "closed"), ("high", "low"), ("early", "late"),
+    ("hard", "soft"), ("long", "short"), ("wet", "dry"), ("full", "empty"), ("thick", "thin"), ("loud", "quiet"),
+    ("clean", "dirty"), ("true", "false"), ("good", "bad"), ("young", "old"), ("heavy", "light"),
+    ("win", "lose"), ("buy", "sell"), ("push", "pull"), ("begin", "end"), ("inside", "outside"),
+    ("above", "below"), ("before", "after"), ("left", "right"), ("day", "night"), ("love", "hate"),
+    ("friend", "enemy"), ("question", "answer"), ("cheap", "expensive"), ("safe", "dangerous"),
+    ("easy", "difficult"), ("near", "far"), ("deep", "shallow"), ("wide", "narrow"), ("sweet", "sour"),
+    ("brave", "cowardly"), ("wild", "tame"), ("first", "last"), ("north", "south"), ("east", "west"),
+    ("accept", "reject"), ("arrive", "leave"), ("remember", "forget"), ("increase", "decrease"),
+    ("always", "never"), ("more", "less"), ("maximum", "minimum"), ("victory", "defeat"), ("alive", "dead"),
+    ("asleep", "awake"), ("polite", "rude"), ("sharp", "dull"), ("smooth", "rough"), ("tight", "loose"),
+    ("visible", "invisible"), ("male", "female"), ("future", "past"), ("laugh", "cry"), ("give", "take"),
+]
+NOUNS_SG_PL = [
+    ("author", "authors"), ("pilot", "pilots"), ("surgeon", "surgeons"), ("farmer", "farmers"),
+    ("manager", "managers"), ("customer", "customers"), ("officer", "officers"), ("teacher", "teachers"),
+    ("senator", "senators"), ("dancer", "dancers"), ("driver", "drivers"), ("nurse", "nurses"),
+    ("lawyer", "lawyers"), ("student", "students"), ("doctor", "doctors"), ("guard", "guards"),
+    ("painter", "painters"), ("banker", "bankers"), ("singer", "singers"), ("minister", "ministers"),
+]
+OBJECTS_SG_PL = [
+    ("key", "keys"), ("cabinet", "cabinets"), ("picture", "pictures"), ("table", "tables"),
+    ("book", "books"), ("door", "doors"), ("bottle", "bottles"), ("window", "windows"),
+    ("chair", "chairs"), ("box", "boxes"), ("road", "roads"), ("letter", "letters"),
+]
+PREPS = ["near", "behind", "next to", "beside", "above", "under"]
+RC_VERBS = ["hated", "liked", "admired", "saw", "met", "helped", "called", "knew"]
+PREDICATES = ["tall", "old", "here", "happy", "late", "ready", "tired", "famous"]
+NAMES = ["Mary", "John", "Tom", "Anna", "James", "Sarah", "David", "Emma", "Paul", "Lisa", "Mark", "Kate",
+         "Peter", "Laura", "Chris", "Alice", "Brian", "Helen", "Kevin", "Julia"]
+PLACES = ["store", "park", "school", "office", "beach", "market", "library", "station", "garden", "hospital"]
+OBJECTS = ["drink", "book", "ball", "letter", "gift", "key", "bag", "ring", "phone", "pen"]
+SEQUENCES = {
+    "days": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
+    "months": ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+               "October", "November", "December"],
+    "numbers": ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+                "twelve"],
+    "ordinals": ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"],
+}
+POS_ADJ = ["wonderful", "brilliant", "delightful", "excellent", "charming", "superb", "fantastic", "moving",
+           "beautiful", "clever", "gripping", "hilarious"]
+NEG_ADJ = ["terrible", "boring", "awful", "dreadful", "dull", "clumsy", "painful", "tedious", "horrible",
+           "lifeless", "confusing", "disappointing"]
+SUBJECTS = ["The film", "The acting", "The story", "The soundtrack", "The ending", "The script", "The cast",
+            "The plot", "The dialogue", "The direction"]
+INTENS = ["", "truly ", "really ", "quite ", "simply ", "utterly "]
+
+
+# --------------------------------------------------------------------------------------------
+# Generators: each returns (demos_prefix, pool of items) given an rng; items carry "key" for splits
+# --------------------------------------------------------------------------------------------
+def _split_pool(pool: list[dict], rng: random.Random) -> dict[str, list[dict]]:
+    """Shuffle and halve a pool of distinct items: disjoint search / heldout splits."""
+    seen, uniq = set(), []
+    for it in pool:
+        if it["key"] not in seen:
+            seen.add(it["key"])
+            uniq.append(it)
+    rng.shuffle(uniq)
+    half = len(uniq) // 2
+    return {"search": uniq[:half], "heldout": uniq[half:]}
+
+
+def _mc(prompt: str, choices: list[str], answer: int, key: str, **meta) -> dict:
+    return {"prompt": prompt, "choices": choices, "answer": answer, "key": key, **meta}
+
+
+def _shuffle_choices(rng, correct: str, wrong: list[str]) -> tuple[list[str], int]:
+    choices = [correct] + wrong
+    rng.shuffle(choices)
+    return choices, choices.index(correct)
+
+
+def gen_capitals(rng: random.Random):
+    pairs = CAPITALS[:]
+    rng.shuffle(pairs)
+    demos, rest = pairs[:3], pairs[3:]
+    prefix = "".join(f"The capital of {c} is {k}.\n" for c, k in demos)
+    pool = []
+    for country, cap in rest:
+        wrong = rng.sample([k for c, k in rest if k != cap], 3)
+        choices, ans = _shuffle_choices(rng, " " + cap, [" " + w for w in wrong])
+        pool.append(_mc(prefix + f"The capital of {country} is", choices, ans, key=country))
+    return pool
+
+
+def gen_addition(rng: random.Random):
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    rng.shuffle(pairs)
+    demos, rest = pairs[:3], pairs[3:1003]
+    prefix = "".join(f"{a} + {b} = {a + b}\n" for a, b in demos)
+    return [{"prompt": prefix + f"{a} + {b} = ", "target": str(a + b), "key": f"{a}+{b}"} for a, b in rest]
+
+
+def gen_agreement(rng: random.Random):
+    pool = []
+    for (s, p) in NOUNS_SG_PL:
+        for (os_, op) in OBJECTS_SG_PL:
+            for prep in PREPS:
+                for subj_pl in (False, True):
+                    subj = p if subj_pl else s
+                    attr = os_ if subj_pl else op  # attractor with the opposite number
+                    prompt = f"The {subj} {prep} the {attr}"
+                    pool.append(_mc(prompt, [" is", " are"], int(subj_pl), key=prompt,
+                                    label="plural" if subj_pl else "singular"))
+    rng.shuffle(pool)
+    return pool[:1000]
+
+
+def gen_agreement_rc(rng: random.Random):
+    pool = []
+    for (s, p) in NOUNS_SG_PL:
+        for (s2, p2) in NOUNS_SG_PL:
+            if s == s2:
+                continue
+            for verb in RC_VERBS:
+                for subj_pl in (False, True):
+                    subj = p if subj_pl else s
+                    attr = s2 if subj_pl else p2
+                    prompt = f"The {subj} that the {attr} {verb}"
+                    pool.append(_mc(prompt, [" is", " are"], int(subj_pl), key=prompt,
+                                    label="plural" if subj_pl else "singular"))
+    rng.shuffle(pool)
+    return pool[:1000]
+
+
+def gen_ioi(rng: random.Random):
+    pool = []
+    for _ in range(3000):
+        a, b = rng.sample(NAMES, 2)
+        place, obj = rng.choice(PLACES), rng.choice(OBJECTS)
+        order = rng.choice(["ABBA", "BABA"])
+        first = f"{a} and {b}" if order == "ABBA" else f"{b} and {a}"
+        prompt = f"When {first} went to the {place}, {b} gave a {obj} to"
+        choices, ans = _shuffle_choices(rng, " " + a, [" " + b])
+        pool.append(_mc(prompt, choices, ans, key=prompt, label=order))
+    return pool
+
+
+def gen_sequences(rng: random.Random):
+    pool = []
+    for kind, words in SEQUENCES.items():
+        n = len(words)
+        for start in range(n):
+            for direction in ("forwards", "backwards"):
+                step = 1 if direction == "forwards" else -1
+                shown = [words[(start + step * i) % n] for i in range(3)]
+                if kind in ("numbers", "ordinals"):
+                    idx = [start + step * i for i in range(4)]
+                    if min(idx) < 0 or max(idx) >= n:
+                        continue
+                nxt = words[(start + step * 3) % n]
+                wrong = rng.sample([w for w in words if w != nxt and w not in shown], 3)
+                choices, ans = _shuffle_choices(rng, " " + nxt, [" " + w for w in wrong])
+                prompt = ", ".join(shown) + ","
+                pool.append(_mc(prompt, choices, ans, key=prompt, label=direction, sequence=kind))
+    return pool
+
+
+def gen_antonyms(rng: random.Random):
+    pairs = ANTONYMS[:]
+    rng.shuffle(pairs)
+    demos, rest = pairs[:4], pairs[4:]
+    prefix = "".join(f"{a} -> {b}\n" for a, b in demos)
+    pool = []
+    for a, b in rest:
+        wrong = rng.sample([y for x, y in rest if y not in (b, a)], 3)
+        choices, ans = _shuffle_choices(rng, " " + b, [" " + w for w in wrong])
+        pool.append(_mc(prefix + f"{a} ->", choices, ans, key=a))
+    return pool
+
+
+def _review(rng, positive: bool) -> str:
+    adj = rng.choice(POS_ADJ if positive else NEG_ADJ)
+    adj2 = rng.choice(POS_ADJ if positive else NEG_ADJ)
+    return f"{rng.choice(SUBJECTS)} was {rng.choice(INTENS)}{adj}, and the rest was {adj2}."
+
+
+def gen_sentiment(rng: random.Random):
+    demo_labels = [True, False, True, False]
+    prefix = "".join(f"Review: {_review(rng, pos)}\nSentiment: {'positive' if pos else 'negative'}\n\n"
+                     for pos in demo_labels)
+    pool = []
+    for _ in range(3000):
+        pos = rng.random() < 0.5
+        text = _review(rng, pos)
+        pool.append(_mc(prefix + f"Review: {text}\nSentiment:", [" positive", " negative"], 0 if pos else 1,
+                        key=text, label="positive" if pos else "negative"))
+    return pool
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    kind: str
+    generator: Callable
+    description: str
+    labels: tuple = ()
+
+
+BUILTIN_TASKS: dict[str, TaskSpec] = {t.name: t for t in [
+    TaskSpec("capitals", "mc", gen_capitals, "country -> capital, 3-shot, 4 choices"),
+    TaskSpec("addition", "em", gen_addition, "two-digit addition, 3-shot, exact match of the sum"),
+    TaskSpec("agreement", "mc", gen_agreement, "subject-verb agreement across a prepositional attractor",
+             ("singular", "plural")),
+    TaskSpec("agreement_rc", "mc", gen_agreement_rc, "subject-verb agreement across a relative clause",
+             ("singular", "plural")),
+    TaskSpec("ioi", "mc", gen_ioi, "indirect object identification (ABBA and BABA templates)", ("ABBA", "BABA")),
+    TaskSpec("sequences", "mc", gen_sequences, "continue days/months/numbers/ordinals, forwards or backwards",
+             ("forwards", "backwards")),
+    TaskSpec("antonyms", "mc", gen_antonyms, "word -> antonym, 4-shot, 4 choices"),
+    TaskSpec("sentiment", "mc", gen_sentiment, "movie-review sentiment, 4-shot", ("positive", "negative")),
+]}
+METRICS = {"mc": "accuracy: the answer choice has the highest summed log-prob",
+           "em": "exact match: every target token is top-1 under teacher forcing"}
+
+
+def load_task(name: str, split: str = "search", n: int | None = None, seed: int = 0) -> Task:
+    """A built-in task split, or a JSONL file (all items in file order; ``split`` does not apply)."""
+    if name.endswith(".jsonl") or Path(name).suffix == ".jsonl" or Path(name).exists():
+        task = load_jsonl(name)
+        return _take(task, n)
+    if name not in BUILTIN_TASKS:
+        raise CELError(f"unknown task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} "
+                       f"(or a path to a .jsonl file)")
+    if split not in SPLITS:
+        raise CELError(f"unknown split {split!r}; use search or heldout")
+    spec = BUILTIN_TASKS[name]
+    rng = random.Random(f"{name}:{seed}")
+    pool = spec.generator(rng)
+    items = _split_pool(pool, rng)[split]
+    task = Task(name=name, kind=spec.kind, items=items, split=split, seed=seed, description=spec.description,
+                metric=METRICS[spec.kind], labels=list(spec.labels))
+    return _take(task, n)
+
+
+def _take(task: Task, n: int | None) -> Task:
+    if n is not None:
+        if n < 1:
+            raise CELError(f"--n must be at least 1, got {n}")
+        if n > len(task.items):
+            where = f"split {task.split!r} of " if task.split else ""
+            raise CELError(f"--n {n} is larger than the {len(task.items)} items in {where}task {task.name!r}")
+        task.items = task.items[:n]
+    return task
+
+
+def load_jsonl(path: str) -> Task:
+    """Read a task file: one JSON object per line, multiple choice or exact match (not mixed)."""
+    p = Path(path)
+    if not p.exists():
+        raise CELError(f"task file {path} does not exist")
+    items, kind = [], None
+    with open(p, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise CELError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+            item_kind = validate_item(obj, f"{path}:{lineno}")
+            if kind is not None and item_kind != kind:
+                raise CELError(f"{path}:{lineno}: mixes exact-match and multiple-choice items")
+            kind = item_kind
+            items.append(obj)
+    if not items:
+        raise CELError(f"task file {path} has no items")
+    return Task(name=p.stem, kind=kind, items=items, split=None, seed=None, description=f"items from {p.name}",
+                metric=METRICS[kind], source=str(p))
+
+
+def validate_item(obj, where: str) -> str:
+    if not isinstance(obj, dict):
+        raise CELError(f"{where}: each line must be a JSON object")
+    if not isinstance(obj.get("prompt"), str):
+        raise CELError(f"{where}: missing key 'prompt' (a string)")
+    if "choices" in obj or "answer" in obj:
+        ch = obj.get("choices")
+        if not isinstance(ch, list):
+            raise CELError(f"{where}: missing key 'choices' (a list of strings)")
+        if not all(isinstance(c, str) for c in ch):
+            raise CELError(f"{where}: 'choices' must all be strings")
+        if len(ch) < 2:
+            raise CELError(f"{where}: needs at least 2 choices, got {len(ch)}")
+        ans = obj.get("answer")
+        if not isinstance(ans, int) or isinstance(ans, bool):
+            raise CELError(f"{where}: missing key 'answer' (an integer index into choices)")
+        if not 0 <= ans < len(ch):
+            raise CELError(f"{where}: answer index {ans} out of range for {len(ch)} choices")
+        return "mc"
+    if "target" in obj:
+        if not isinstance(obj["target"], str) or not obj["target"]:
+            raise CELError(f"{where}: 'target' must be a non-empty string")
+        return "em"
+    raise CELError(f"{where}: needs either 'choices' and 'answer' (multiple choice) or 'target' (exact match)")
+
+
+def list_tasks() -> list[dict]:
+    return [{"name": t.name, "kind": t.kind, "metric": METRICS[t.kind], "description": t.description}
+            for t in BUILTIN_TASKS.values()]
