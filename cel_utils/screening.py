@@ -52,14 +52,42 @@ def _layer_list(lm) -> torch.nn.ModuleList:
     return _get_attr(lm.model, FAMILIES[lm.family][0])
 
 
+def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
+    """The longest token prefix shared by every input and ending before the first read of any input.
+
+    Few-shot prompts share their demonstrations: that prefix is run once per forward and its keys and
+    values are reused by every item. Returns [] when the shared part is shorter than ``min_len``.
+    """
+    if not enc.inputs:
+        return []
+    first = enc.inputs[0]
+    n = min(len(x) for x in enc.inputs)
+    for x in enc.inputs[1:]:
+        i = 0
+        while i < n and x[i] == first[i]:
+            i += 1
+        n = i
+        if n < min_len:
+            return []
+    n = min(n, int(enc.read_pos.min()))  # every read must sit after the prefix
+    return list(first[:n]) if n >= min_len else []
+
+
+def _cache_kw(base) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = 8192, progress: bool = True,
-                       desc: str = "evaluating head sets") -> ItemResults:
+                       desc: str = "evaluating head sets", share_prefix: bool = True) -> ItemResults:
     """Evaluate each head set (heads in a set ablated together) on every item.
 
     Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
-    ``max_tokens`` bounds the padded tokens per forward (memory).
+    ``max_tokens`` bounds the padded tokens per forward (memory). With ``share_prefix`` a prompt prefix
+    common to all items (few-shot demonstrations) is run once per head set and its keys/values reused.
     """
     S = len(head_sets)
     masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
@@ -70,57 +98,84 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
     lp_out = np.zeros((S, enc.n_reads), dtype=np.float64)
     gap_out = np.zeros((S, enc.n_reads), dtype=np.float64)
 
-    lengths = [len(x) for x in enc.inputs]
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    suffixes = [x[P:] for x in enc.inputs]
+    lengths = [len(x) for x in suffixes]
     batches = batches_by_tokens(lengths, max_tokens)
-    reads_of_seq: dict[int, np.ndarray] = {}
     order = np.argsort(enc.read_seq, kind="stable")
     bounds = np.searchsorted(enc.read_seq[order], np.arange(len(enc.inputs) + 1))
-    for s in range(len(enc.inputs)):
-        reads_of_seq[s] = order[bounds[s]:bounds[s + 1]]
+    reads_of_seq = {s: order[bounds[s]:bounds[s + 1]] for s in range(len(enc.inputs))}
 
-    # plan the forwards: per batch, per first layer, chunks of head sets
-    plan = []
+    plan: dict[int, list] = {}
+    n_fwd = 0
     for bi, seqs in enumerate(batches):
         T = max(lengths[i] for i in seqs)
-        per_fwd = max(1, max_tokens // (T * len(seqs)))
+        per_fwd = max(1, max_tokens // ((T + P) * len(seqs)))
         for l in sorted(k for k in groups if k >= 0):
             ss = groups[l]
             for c in range(0, len(ss), per_fwd):
-                plan.append((bi, l, ss[c:c + per_fwd]))
-    bar = tqdm(total=len(batches) + len(plan), desc=desc, disable=not progress, leave=False)
+                plan.setdefault(bi, []).append((l, ss[c:c + per_fwd]))
+                n_fwd += 1
+    bar = tqdm(total=len(batches) + n_fwd, desc=desc, disable=not progress, leave=False)
 
     layers = _layer_list(lm)
     originals = list(layers)
     base = lm.model.base_model
+    cache_kw = _cache_kw(base)
     ablator = HeadAblator(lm, mode=mode, means=means).attach()
     captured: list = [None] * lm.n_layers
+    dev = lm.device
+    prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
 
     def capture(j):
         def hook(module, args, kwargs):
             captured[j] = args[0] if args else kwargs["hidden_states"]
         return hook
 
+    def run(ids, att, k, B, prefix_masks, body_masks, stub_below=0, stub_out=None):
+        """Forward k head sets x B sequences; rows are [set, sequence].
+
+        Layers below ``stub_below`` are skipped in the body pass: the last of them returns ``stub_out``.
+        """
+        kw = {}
+        if P:
+            ablator.set_masks(prefix_masks)
+            out = base(input_ids=prefix_ids.repeat(k, 1), use_cache=True)
+            pkv = out.cache if hasattr(out, "cache") and out.cache is not None else out.past_key_values
+            pkv.batch_repeat_interleave(B)
+            kw[cache_kw] = pkv
+            kw["use_cache"] = True
+            att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
+            kw["position_ids"] = (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)
+        else:
+            kw["use_cache"] = False
+        ablator.set_masks(body_masks)
+        try:
+            for j in range(stub_below):
+                layers[j] = _Stub(stub_out if j == stub_below - 1 else None)
+            return base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
+        finally:
+            for j in range(stub_below):
+                layers[j] = originals[j]
+
     try:
-        plan_by_batch: dict[int, list] = {}
-        for bi, l, ss in plan:
-            plan_by_batch.setdefault(bi, []).append((l, ss))
         pad = pad_id(lm)
         for bi, seqs in enumerate(batches):
-            ids, att = pad_right([enc.inputs[i] for i in seqs], pad)
-            ids, att = ids.to(lm.device), att.to(lm.device)
+            ids, att = pad_right([suffixes[i] for i in seqs], pad)
+            ids, att = ids.to(dev), att.to(dev)
             B = len(seqs)
             reads = np.concatenate([reads_of_seq[s] for s in seqs])
             row_of_seq = {s: r for r, s in enumerate(seqs)}
-            r_rows = torch.tensor([row_of_seq[int(enc.read_seq[r])] for r in reads], device=lm.device)
-            r_pos = torch.tensor(enc.read_pos[reads], device=lm.device)
-            r_tok = torch.tensor(enc.read_tok[reads], device=lm.device)
+            r_rows = torch.tensor([row_of_seq[int(enc.read_seq[r])] for r in reads], device=dev)
+            r_pos = torch.tensor(enc.read_pos[reads] - P, device=dev)
+            r_tok = torch.tensor(enc.read_tok[reads], device=dev)
 
             # clean pass, caching every layer's input
             handles = [originals[j].register_forward_pre_hook(capture(j), with_kwargs=True)
                        for j in range(lm.n_layers)]
             try:
-                ablator.set_masks(None)
-                hidden = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state
+                hidden = run(ids, att, 1, B, None, None)
             finally:
                 for h in handles:
                     h.remove()
@@ -131,20 +186,13 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
                 gap_out[s, reads] = gap.cpu().numpy()
             bar.update(1)
 
-            for l, ss in plan_by_batch.get(bi, []):
+            for l, ss in plan.get(bi, []):
                 k = len(ss)
                 # rows are [set, sequence]: set j occupies rows j*B .. (j+1)*B-1
-                m = masks[ss].repeat_interleave(B, dim=0)  # [k*B, n_layers, n_heads]
-                ablator.set_masks(m)
-                try:
-                    for j in range(l):
-                        layers[j] = _Stub(cache[l].repeat(k, 1, 1) if j == l - 1 else None)
-                    hidden = base(input_ids=ids.repeat(k, 1), attention_mask=att.repeat(k, 1),
-                                  use_cache=False).last_hidden_state  # [k*B, pos, d_model]
-                finally:
-                    for j in range(l):
-                        layers[j] = originals[j]
-                rows = (torch.arange(k, device=lm.device)[:, None] * B + r_rows[None]).reshape(-1)
+                hidden = run(ids.repeat(k, 1), att.repeat(k, 1), k, B, masks[ss],
+                             masks[ss].repeat_interleave(B, dim=0), stub_below=l,
+                             stub_out=cache[l].repeat(k, 1, 1) if l > 0 else None)  # [k*B, pos, d_model]
+                rows = (torch.arange(k, device=dev)[:, None] * B + r_rows[None]).reshape(-1)
                 lp, gap = read_stats(logits_at(lm, hidden[rows, r_pos.repeat(k)]), r_tok.repeat(k))
                 lp = lp.view(k, -1).cpu().numpy()
                 gap = gap.view(k, -1).cpu().numpy()

@@ -10,19 +10,19 @@ from cel_utils.models import wrap_model
 
 FAMILY_CONFIGS = {
     "llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
     "gemma3": ("Gemma3TextConfig", dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3,
                                         num_attention_heads=4, num_key_value_heads=1, head_dim=16,
-                                        max_position_embeddings=256, sliding_window=8,
+                                        max_position_embeddings=1024, sliding_window=8,
                                         layer_types=["sliding_attention", "sliding_attention",
                                                      "full_attention"])),
     "qwen2": ("Qwen2Config", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)),
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)),
     "mistral": ("MistralConfig", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256)),
-    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1, eos_token_id=1)),
+                                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=1024)),
+    "gpt2": ("GPT2Config", dict(n_embd=64, n_layer=2, n_head=4, n_positions=1024, bos_token_id=1, eos_token_id=1)),
     "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                       num_attention_heads=4, max_position_embeddings=256)),
+                                       num_attention_heads=4, max_position_embeddings=1024)),
 }
 
 

