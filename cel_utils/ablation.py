@@ -73,6 +73,13 @@ def parse_heads(spec: str | Iterable, n_layers: int | None = None, n_heads: int 
     return [h for h in heads if not (h in seen or seen.add(h))]
 
 
+def check_head_spec(spec: str) -> None:
+    """Syntax check of a head spec (``L0H6``, ``L3`` for a whole layer, ``all``) before any model is loaded."""
+    for p in [p.strip() for p in spec.split(",") if p.strip()]:
+        if not (p.lower() == "all" or re.fullmatch(r"L\d+(H\d+)?", p, re.IGNORECASE)):
+            raise CELError(f"malformed head {p!r}: write heads as L<layer>H<head>, e.g. L0H6 (or L3, or all)")
+
+
 def all_heads(lm) -> list[Head]:
     return [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
 

@@ -33,7 +33,7 @@ def record(path: str | os.PathLike, values: dict) -> dict:
     return values
 
 
-def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict | None = None,
+def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
             kernel: str = "python3") -> list[dict]:
     import papermill as pm
 
@@ -46,7 +46,7 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
         t0 = time.time()
         ok = True
         try:
-            pm.execute_notebook(str(nb), str(out / nb.name), parameters=parameters or {}, kernel_name=kernel,
+            pm.execute_notebook(str(nb), str(out / nb.name), parameters=(parameters or {}).get(nb.stem, {}), kernel_name=kernel,
                                 cwd=str(out), progress_bar=False)
         except Exception as e:  # the failing notebook is still written, with the error in it
             ok = False
@@ -125,19 +125,47 @@ def vendor_assets() -> None:
         _npm_vendor(name)
 
 
-def build(strict: bool = True) -> None:
+def stage(dest: Path) -> Path:
+    """Copy the book's sources (config, toc, pages, bibliography, vendored assets) into ``dest``.
+
+    Tests build a book there from chapters executed at small parameters, leaving ``book/chapters`` alone.
+    """
+    dest = Path(dest)
+    for f in ("_config.yml", "_toc.yml"):
+        shutil.copy(ROOT / f, dest / f)
+    (dest / "book").mkdir(exist_ok=True)
+    for f in (ROOT / "book").glob("*.md"):
+        shutil.copy(f, dest / "book" / f.name)
+    shutil.copy(ROOT / "book" / "references.bib", dest / "book" / "references.bib")
     vendor_assets()
-    missing = [p for p in ("01_screening",) if not (CHAPTERS / f"{p}.ipynb").exists()]
+    if (dest / "book" / "assets").exists():
+        shutil.rmtree(dest / "book" / "assets")
+    shutil.copytree(ROOT / "book" / "assets", dest / "book" / "assets")
+    return dest
+
+
+def build(root: Path = ROOT, strict: bool = True) -> Path:
+    """Build the HTML book of ``root`` into ``root/_build/html`` (warnings are errors when strict)."""
+    root = Path(root)
+    if root == ROOT:
+        vendor_assets()
+    chapters = root / "book" / "chapters"
+    missing = [p for p in expected_chapters() if not (chapters / f"{p}.ipynb").exists()]
     if missing:
         raise SystemExit(f"chapters not executed yet: {missing}; run `python -m cel_utils.book execute` first")
     jb = Path(sys.executable).parent / "jupyter-book"
-    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(ROOT)]
+    cmd = [str(jb) if jb.exists() else "jupyter-book", "build", str(root)]
     if strict:
         cmd += ["-W", "-n", "--keep-going"]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
-    r = subprocess.run(cmd, cwd=ROOT, env=env)
+    r = subprocess.run(cmd, cwd=root, env=env)
     if r.returncode != 0:
-        raise SystemExit(r.returncode)
+        raise SystemExit(f"jupyter-book build failed with status {r.returncode}")
+    return root / "_build" / "html"
+
+
+def expected_chapters() -> list[str]:
+    return [nb.stem for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))]
 
 
 def main(argv=None) -> None:
@@ -152,7 +180,8 @@ def main(argv=None) -> None:
     if a.cmd == "execute":
         execute(Path(a.out), a.only)
     else:
-        build(strict=not a.no_strict)
+        html = build(strict=not a.no_strict)
+        print(f"The book is at {html / 'index.html'}")
 
 
 if __name__ == "__main__":

@@ -122,12 +122,11 @@ def cmd_tasks(args):
 
 
 def cmd_eval(args):
-    from .ablation import format_heads, parse_heads
+    from .ablation import check_head_spec, format_heads, parse_heads
     from .scoring import encode_task, evaluate
 
     check_out(args.out)
-    if args.ablate:
-        parse_heads(args.ablate)  # syntax check before loading anything
+    check_head_spec(args.ablate or "")  # syntax check before loading anything
     lm, task = _load(args)
     heads = parse_heads(args.ablate or "", lm.n_layers, lm.n_heads)
     enc = encode_task(lm, task)
@@ -142,13 +141,12 @@ def cmd_eval(args):
 
 
 def cmd_screen(args):
-    from .ablation import all_heads, parse_heads
+    from .ablation import all_heads, check_head_spec, parse_heads
     from .scoring import encode_task
     from .screening import screen
 
     check_out(args.out)
-    if args.heads:
-        parse_heads(args.heads)
+    check_head_spec(args.heads or "")
     lm, task = _load(args)
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
     enc = encode_task(lm, task)

@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402
+
+FAMILIES = list(FAMILY_CONFIGS)
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def tiny(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def smol():
+    from cel_utils.models import load_model
+
+    return load_model("smollm2-135m")

@@ -1,0 +1,101 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cel_utils.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny Llama saved as a local folder: exercises loading a user's own model."""
+    from tiny import tiny_model
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    lm = tiny_model("llama")
+    lm.model.save_pretrained(d)
+    lm.tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def run(argv, capsys):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_eval_and_screen_json(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code, _, err = run(["eval", "--model", tiny_dir, "--task", "addition", "--n", "4", "--ablate", "L0H1,L2H3",
+                        "--out", str(out)], capsys)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    for k in ("model", "task", "split", "n_items", "seed", "mode", "baseline", "ablated"):
+        assert k in d
+    assert d["ablated"]["heads"] == ["L0H1", "L2H3"] and d["n_items"] == 4
+    assert set(d["baseline"]) == {"accuracy", "mean_margin"}
+
+    out2 = tmp_path / "screen.json"
+    code, _, err = run(["screen", "--model", tiny_dir, "--task", "capitals", "--n", "3", "--heads", "L1",
+                        "--quiet", "--out", str(out2)], capsys)
+    assert code == 0, err
+    s = json.loads(out2.read_text())
+    assert [(h["layer"], h["head"]) for h in s["heads"]] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    for h in s["heads"]:
+        assert h["delta_accuracy"] == pytest.approx(h["accuracy"] - s["baseline"]["accuracy"])
+        assert h["delta_margin"] == pytest.approx(h["mean_margin"] - s["baseline"]["mean_margin"])
+
+
+def test_jsonl_task_and_mean_mode(tiny_dir, tmp_path, capsys):
+    task = tmp_path / "mine.jsonl"
+    task.write_text("\n".join(json.dumps({"prompt": f"{i} + 1 = ", "target": str(i + 1)}) for i in range(5)) + "\n")
+    code, out, err = run(["eval", "--model", tiny_dir, "--task", str(task), "--mode", "mean", "--ablate", "L0H0"],
+                         capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["n_items"] == 5 and d["split"] is None and d["mode"] == "mean"
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["eval", "--model", "no-such-model", "--task", "addition"], "unknown model"),
+    (["eval", "--model", "nobody/no-such-model-xyz", "--task", "addition", "--n", "2"], "not available locally"),
+    (["eval", "--model", "smollm2-135m", "--task", "addition", "--ablate", "L0-H1"], "malformed head"),
+    (["eval", "--model", "smollm2-135m", "--task", "no_such_task"], "unknown task"),
+    (["eval", "--model", "smollm2-135m", "--task", "capitals", "--n", "5000"], "larger than"),
+    (["eval", "--model", "smollm2-135m", "--task", "addition", "--out", "/no/such/dir/x.json"], "does not exist"),
+    (["theory", "--heads", "0"], "at least 1"),
+])
+def test_bad_input_exit_2_one_line(argv, msg, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_head_out_of_range_writes_nothing(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "x.json"
+    code, _, err = run(["eval", "--model", tiny_dir, "--task", "addition", "--n", "2", "--ablate", "L9H0",
+                        "--out", str(out)], capsys)
+    assert code == 2 and "out of range" in err and not out.exists()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_bad_jsonl_line_number(tmp_path, capsys):
+    task = tmp_path / "bad.jsonl"
+    task.write_text('{"prompt": "a", "choices": [" b", " c"], "answer": 0}\n{"prompt": "a", "choices": [" b"], "answer": 0}\n')
+    code, _, err = run(["eval", "--model", "smollm2-135m", "--task", str(task)], capsys)
+    assert code == 2 and ":2:" in err and "at least 2 choices" in err
+
+
+def test_argparse_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["screen", "--model", "x"])
+    assert e.value.code == 2
+
+
+def test_installed_entry_point():
+    r = subprocess.run([str(Path(sys.executable).parent / "cel"), "tasks"], capture_output=True, text=True)
+    assert r.returncode == 0 and "addition" in r.stdout
+    r = subprocess.run([str(Path(sys.executable).parent / "cel"), "models"], capture_output=True, text=True)
+    assert "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+import torch
+
+from cel_utils.ablation import compute_head_means
+from cel_utils.scoring import encode_task, evaluate, plain_evaluate
+from cel_utils.screening import common_prefix, evaluate_head_sets, plain_screen, screen
+from cel_utils.tasks import Task, load_task
+
+
+def test_mc_score_by_hand(tiny_llama):
+    """The lm-eval convention computed by hand for one item."""
+    lm = tiny_llama
+    item = {"prompt": "ab", "choices": ["cd", "e"], "answer": 1}
+    task = Task("t", "mc", [item])
+    res = plain_evaluate(lm, encode_task(lm, task))
+    scores = []
+    for ch in item["choices"]:
+        ctx = lm.tokenizer(item["prompt"])["input_ids"]
+        whole = lm.tokenizer(item["prompt"] + ch)["input_ids"]
+        with torch.no_grad():
+            lp = torch.log_softmax(lm.model(input_ids=torch.tensor([whole])).logits[0].float(), -1)
+        scores.append(sum(lp[i - 1, whole[i]].item() for i in range(len(ctx), len(whole))))
+    assert res.margin[0, 0] == pytest.approx(scores[1] - scores[0], abs=1e-4)
+    assert bool(res.correct[0, 0]) == (scores[1] > scores[0])
+
+
+def test_em_margin_sign_is_correctness(tiny_llama):
+    lm = tiny_llama
+    task = load_task("addition", n=12)
+    res = evaluate(lm, encode_task(lm, task))
+    assert np.array_equal(res.correct[0], res.margin[0] > 0)
+    # greedy check by hand for one item: correct iff each target token is the argmax
+    it = task.items[0]
+    ctx = lm.tokenizer(it["prompt"])["input_ids"]
+    whole = lm.tokenizer(it["prompt"] + it["target"])["input_ids"]
+    with torch.no_grad():
+        logits = lm.model(input_ids=torch.tensor([whole])).logits[0]
+    greedy = all(int(logits[i - 1].argmax()) == whole[i] for i in range(len(ctx), len(whole)))
+    assert greedy == bool(res.correct[0, 0])
+
+
+@pytest.mark.parametrize("task_name", ["addition", "capitals", "sentiment"])
+def test_engine_matches_plain_loop(tiny, task_name):
+    """Exact engine == plain loop (full forward, full logits) for every family, zero and mean ablation."""
+    task = load_task(task_name, n=5)
+    enc = encode_task(tiny, task)
+    heads = [(l, h) for l in range(tiny.n_layers) for h in (0, tiny.n_heads - 1)]
+    for mode in ("zero", "mean"):
+        means = compute_head_means(tiny, enc.inputs) if mode == "mean" else None
+        a = screen(tiny, task, heads=heads, mode=mode, means=means, progress=False, max_tokens=700, enc=enc)
+        b = plain_screen(tiny, task, heads=heads, mode=mode, means=means, progress=False, enc=enc)
+        assert np.abs(a.baseline.margin - b.baseline.margin).max() < 1e-4
+        assert np.abs(a.results.margin - b.results.margin).max() < 1e-4
+        assert np.array_equal(a.results.correct, b.results.correct)
+        assert np.abs(a.table.delta_margin).max() > 1e-3  # the heads do something
+
+
+def test_prefix_sharing_is_used_and_exact(tiny_llama):
+    lm = tiny_llama
+    task = load_task("sentiment", n=6)
+    enc = encode_task(lm, task)
+    assert len(common_prefix(enc)) > 50
+    sets = [[], [(0, 1)], [(1, 2), (2, 0)]]
+    a = evaluate_head_sets(lm, enc, sets, share_prefix=True, progress=False)
+    b = evaluate_head_sets(lm, enc, sets, share_prefix=False, progress=False)
+    assert np.abs(a.margin - b.margin).max() < 1e-4
+
+
+def test_batched_equals_one_at_a_time(tiny_llama):
+    lm = tiny_llama
+    task = load_task("agreement", n=8)
+    enc = encode_task(lm, task)
+    batched = evaluate(lm, enc, max_tokens=10_000)
+    single = evaluate(lm, enc, max_tokens=1)  # one sequence per forward
+    assert np.abs(batched.margin - single.margin).max() < 1e-4
+
+
+def test_one_token_choices_share_one_pass(tiny_llama):
+    """One-token choices (one character for this tokenizer) need a single pass over the prompt."""
+    items = [{"prompt": f"item {i}:", "choices": ["a", "b", "c"], "answer": i % 3} for i in range(10)]
+    enc = encode_task(tiny_llama, Task("t", "mc", items))
+    assert len(enc.inputs) == 10 and enc.n_reads == 30
+    # a choice that is a prefix of another's input reuses it: "x" rides on "xy"'s pass
+    enc2 = encode_task(tiny_llama, Task("t", "mc", [{"prompt": "p:", "choices": ["x", "xyz"], "answer": 0}]))
+    assert len(enc2.inputs) == 1 and enc2.n_reads == 4

@@ -1,0 +1,81 @@
+import json
+
+import pytest
+
+from cel_utils.errors import CELError
+from cel_utils.tasks import BUILTIN_TASKS, load_jsonl, load_task
+
+
+@pytest.mark.parametrize("name", list(BUILTIN_TASKS))
+def test_deterministic_and_disjoint(name):
+    a = load_task(name, "search", seed=3)
+    b = load_task(name, "search", seed=3)
+    h = load_task(name, "heldout", seed=3)
+    assert a.items == b.items
+    assert len(a.items) >= 20 and len(h.items) >= 20
+    assert not ({it["key"] for it in a.items} & {it["key"] for it in h.items})
+    assert not ({it["prompt"] for it in a.items} & {it["prompt"] for it in h.items})
+    other = load_task(name, "search", seed=4)
+    assert other.items != a.items
+    for it in a.items:
+        if a.kind == "mc":
+            assert 0 <= it["answer"] < len(it["choices"]) and len(set(it["choices"])) == len(it["choices"])
+        else:
+            assert it["target"]
+
+
+def test_addition_format():
+    t = load_task("addition", n=5)
+    for it in t.items:
+        assert it["prompt"].endswith("= ")
+        a, b = it["prompt"].strip().split("\n")[-1].rstrip("= ").split(" + ")
+        assert int(a) + int(b) == int(it["target"])
+
+
+def test_n_and_split_errors():
+    with pytest.raises(CELError, match="larger than"):
+        load_task("capitals", n=10_000)
+    with pytest.raises(CELError, match="unknown task"):
+        load_task("nope")
+    with pytest.raises(CELError, match="split"):
+        load_task("addition", split="train")
+
+
+def _write(tmp_path, lines):
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_jsonl_ok(tmp_path):
+    p = _write(tmp_path, [json.dumps({"prompt": "a", "choices": [" b", " c"], "answer": 1}),
+                          json.dumps({"prompt": "d", "choices": [" e", " f", " g"], "answer": 0})])
+    t = load_task(p, n=1)
+    assert t.kind == "mc" and len(t.items) == 1 and t.split is None
+    t2 = load_jsonl(_write(tmp_path, [json.dumps({"prompt": "1 + 1 = ", "target": "2"})]))
+    assert t2.kind == "em"
+
+
+@pytest.mark.parametrize("line,msg", [
+    ("{not json", "line 2.*invalid JSON|:2: invalid JSON"),
+    (json.dumps({"choices": [" a", " b"], "answer": 0}), ":2: missing key 'prompt'"),
+    (json.dumps({"prompt": "p", "choices": [" a", 3], "answer": 0}), ":2: 'choices' must all be strings"),
+    (json.dumps({"prompt": "p", "choices": [" a"], "answer": 0}), ":2: needs at least 2 choices"),
+    (json.dumps({"prompt": "p", "choices": [" a", " b"], "answer": 2}), ":2: answer index 2 out of range"),
+    (json.dumps({"prompt": "p", "choices": [" a", " b"]}), ":2: missing key 'answer'"),
+    (json.dumps({"prompt": "p"}), ":2: needs either"),
+    (json.dumps({"prompt": "p", "target": "x"}), ":2: mixes"),
+    (json.dumps([1, 2]), ":2: each line must be a JSON object"),
+])
+def test_jsonl_errors(tmp_path, line, msg):
+    good = json.dumps({"prompt": "a", "choices": [" b", " c"], "answer": 1})
+    p = _write(tmp_path, [good, line])
+    with pytest.raises(CELError, match=msg):
+        load_jsonl(p)
+
+
+def test_jsonl_empty(tmp_path):
+    p = tmp_path / "empty.jsonl"
+    p.write_text("\n\n")
+    with pytest.raises(CELError, match="no items"):
+        load_jsonl(str(p))
