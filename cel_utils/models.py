@@ -195,6 +195,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     if name in BUILTIN_MODELS:
         spec = BUILTIN_MODELS[name]
         path = spec.gguf_path()

@@ -94,3 +94,86 @@ def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldo
     fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=x,
                       yaxis_title=y, showlegend=False, height=420)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 3 (theory) figures
+# ---------------------------------------------------------------------------------------------
+TYPE_NAMES = ("A (task-A signal)", "B (task-B signal)", "C (conflicting)", "D (distractors)")
+
+
+def theory_loss(run, single_head_loss: float | None = None, index: int = 0) -> go.Figure:
+    """Loss gap L(t) - L* over training (log scale), with the single-head plateau marked."""
+    steps = run.record_steps
+    gap = np.maximum(run.history["loss"][:, index] - run.L_star, 1e-16)
+    fig = go.Figure(go.Scatter(x=steps, y=gap, mode="lines", name="L(t) - L*"))
+    if single_head_loss is not None:
+        fig.add_hline(y=single_head_loss - run.L_star, line_dash="dash", line_color="grey",
+                      annotation_text="best single head", annotation_position="top right")
+    fig.update_layout(title="distance to the joint optimum during training", xaxis_title="gradient step",
+                      yaxis_title="L(t) - L*", yaxis_type="log", height=360)
+    return fig
+
+
+def theory_heads(run, index: int = 0) -> go.Figure:
+    """Per head: attention mass on each token type, and the C weight kappa_h, over training."""
+    from plotly.subplots import make_subplots
+
+    H = run.n_heads
+    fig = make_subplots(rows=2, cols=H, shared_xaxes=True, subplot_titles=[f"head {h}" for h in range(H)] + [""] * H,
+                        vertical_spacing=0.12)
+    colors = ["#4C72B0", "#55A868", "#C44E52", "#8172B2"]
+    steps = run.record_steps
+    for h in range(H):
+        for t in range(4):
+            fig.add_trace(go.Scatter(x=steps, y=run.history["att"][:, index, h, t], mode="lines",
+                                     line=dict(color=colors[t]), name=TYPE_NAMES[t], legendgroup=str(t),
+                                     showlegend=h == 0), row=1, col=h + 1)
+        fig.add_trace(go.Scatter(x=steps, y=run.history["kappa"][:, index, h], mode="lines",
+                                 line=dict(color="black"), name="kappa_h (C weight)", legendgroup="k",
+                                 showlegend=h == 0), row=2, col=h + 1)
+    fig.update_yaxes(title_text="attention mass", row=1, col=1)
+    fig.update_yaxes(title_text="kappa_h", row=2, col=1)
+    fig.update_layout(title="what each head attends to, and its weight on the conflicting token C",
+                      height=520, legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def theory_slider(run, index: int = 0, n_frames: int = 40) -> go.Figure:
+    """A kernel-free view: slide over training steps; bars show each head's attention and C weight."""
+    steps = run.record_steps
+    picks = np.unique(np.linspace(0, len(steps) - 1, n_frames).astype(int))
+    H = run.n_heads
+    colors = ["#4C72B0", "#55A868", "#C44E52", "#8172B2"]
+
+    def bars(i):
+        att = run.history["att"][i, index]  # [head, type]
+        traces = [go.Bar(x=[f"head {h}" for h in range(H)], y=att[:, t], name=TYPE_NAMES[t],
+                         marker_color=colors[t]) for t in range(4)]
+        traces.append(go.Scatter(x=[f"head {h}" for h in range(H)], y=run.history["kappa"][i, index],
+                                 mode="markers", marker=dict(size=14, color="black", symbol="diamond"),
+                                 name="kappa_h (C weight)", yaxis="y2"))
+        return traces
+
+    fig = go.Figure(data=bars(picks[0]), frames=[go.Frame(data=bars(i), name=str(int(steps[i]))) for i in picks])
+    klim = float(np.abs(run.history["kappa"][:, index]).max()) * 1.1 + 1e-9
+    fig.update_layout(
+        barmode="stack", title="training, step by step (drag the slider)", height=460,
+        yaxis=dict(title="attention mass", range=[0, 1]),
+        yaxis2=dict(title="kappa_h", overlaying="y", side="right", range=[-klim, klim], showgrid=False),
+        legend=dict(orientation="h", y=-0.25),
+        sliders=[dict(active=0, currentvalue=dict(prefix="step "), pad=dict(t=40),
+                      steps=[dict(label=str(int(steps[i])), method="animate",
+                                  args=[[str(int(steps[i]))], dict(mode="immediate", frame=dict(duration=0, redraw=True),
+                                                                   transition=dict(duration=0))]) for i in picks])])
+    return fig
+
+
+def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = None) -> go.Figure:
+    piv = df.pivot(index="heads", columns="sigma", values=value)
+    fig = go.Figure(go.Heatmap(z=piv.values, x=[f"{s:g}" for s in piv.columns], y=[f"H={h}" for h in piv.index],
+                               colorscale="Viridis", zmin=0, zmax=1, text=np.round(piv.values, 2),
+                               texttemplate="%{text}", colorbar=dict(title=value)))
+    fig.update_layout(title=title or f"{value} by initialisation scale and number of heads",
+                      xaxis_title="initialisation scale sigma", yaxis_title="heads", height=320)
+    return fig

@@ -1,0 +1,136 @@
+"""Every chapter runs headless at small parameters; its recorded values are checked; the book builds
+with warnings as errors and requests nothing from outside itself."""
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from cel_utils import book
+
+pytestmark = pytest.mark.notebook
+
+CI_PARAMETERS = {
+    "01_screening": {"n_search": 8, "n_heldout": 8, "top_k": 3, "heads": "all"},
+    "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
+                  "sweep_steps": 1500},
+}
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    root = book.stage(tmp_path_factory.mktemp("book"))
+    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS)
+    return root, status
+
+
+def _record(staged, name):
+    root, _ = staged
+    return json.loads((root / "book" / "chapters" / f"{name}.record.json").read_text())
+
+
+def test_every_chapter_has_ci_parameters_and_ran(staged):
+    _, status = staged
+    assert {s["notebook"] for s in status} == set(book.expected_chapters()) == set(CI_PARAMETERS)
+    assert all(s["ok"] for s in status)
+
+
+def test_chapter1_records(staged):
+    r = _record(staged, "01_screening")
+    assert r["n_heads_screened"] == 270 and r["n_search"] == 8 and r["n_heldout"] == 8
+    assert 0 <= r["baseline_accuracy"] <= 1
+    assert len(r["top_heads"]) == 3
+    assert len(r["heldout"]) == 4  # each top head, and all of them together
+    for h in r["heldout"]:
+        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+    for s in r["heldout_survivors"]:
+        assert s in [h["heads"] for h in r["heldout"]]
+    # margins are ranked: the first top head has the largest change in margin
+    m = [t["search_delta_margin"] for t in r["top_heads"]]
+    assert m == sorted(m, reverse=True)
+
+
+def test_chapter3_records(staged):
+    r = _record(staged, "03_theory")
+    assert r["L_star"] == pytest.approx(0.758, abs=1e-3)
+    assert r["W_star_C"] == pytest.approx(-0.212, abs=1e-3)
+    assert r["gap"] < 1e-6
+    assert r["c_share"] > 0.9 and r["n_c_carriers"] == 1
+    a = r["c_head_ablation"]
+    assert a["delta_loss_a"] < -0.1 < 0.1 < a["delta_loss_b"]
+    assert a["delta_acc_a"] > 0 > a["delta_acc_b"]
+    assert r["other_heads_best_delta_loss_a"] > -1e-3
+    assert r["control_scalar_c_share"] < r["control_factored_c_share"]
+    assert r["control_weak_best_delta_loss_a"] > -5e-3
+    cells = {(s["heads"], s["sigma"]) for s in r["sweep"]}
+    assert cells == {(h, s) for h in (2, 4) for s in (1e-4, 1.0)}
+
+
+class _Refs(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.refs = []
+
+    def handle_starttag(self, tag, attrs):
+        d = dict(attrs)
+        for key in ("src", "href", "data"):
+            if key in d and d[key] and tag in ("script", "link", "img", "iframe", "embed", "object", "source"):
+                self.refs.append((tag, d[key]))
+
+
+@pytest.fixture(scope="session")
+def built(staged):
+    root, _ = staged
+    return book.build(root)
+
+
+def test_book_builds_offline(built):
+    pages = [p for p in built.rglob("*.html") if "_static" not in p.parts]
+    assert len(pages) >= 5
+    for p in pages:
+        parser = _Refs()
+        parser.feed(p.read_text(encoding="utf-8"))
+        external = [r for r in parser.refs if re.match(r"^(https?:)?//", r[1])]
+        assert not external, f"{p.name} requests {external}"
+        text = p.read_text(encoding="utf-8")
+        assert "cdn.jsdelivr" not in text and "cdnjs" not in text
+    assert (built / "_static" / "vendor" / "plotly.min.js").exists()
+    assert (built / "_static" / "vendor" / "mathjax" / "tex-chtml.js").exists()
+
+
+@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("03_theory", 4)])
+def test_figures_in_html(built, chapter, min_figs):
+    html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
+    assert html.count("Plotly.newPlot") >= min_figs
+    assert "vendor/plotly.min.js" in html
+
+
+def test_execution_status_page(built):
+    html = (built / "book" / "chapters" / "execution_status.html").read_text(encoding="utf-8")
+    for ch in book.expected_chapters():
+        assert ch in html
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+@pytest.mark.parametrize("chapter", ["01_screening", "03_theory"])
+def test_figures_render_in_headless_chromium(built, chapter):
+    page = built / "book" / "chapters" / f"{chapter}.html"
+    with tempfile.TemporaryDirectory() as prof:
+        args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
+                "--virtual-time-budget=15000", "--enable-logging=stderr", "--v=0"]
+        dom = subprocess.run(args + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
+        shot = built / f"screenshot_{chapter}.png"
+        subprocess.run(args + ["--window-size=1280,2400", f"--screenshot={shot}", page.as_uri()],
+                       capture_output=True, text=True, timeout=180)
+    n_divs = dom.stdout.count('class="plotly-graph-div')
+    n_rendered = dom.stdout.count('class="main-svg"')
+    assert n_divs >= 4 and n_rendered >= n_divs, (n_divs, n_rendered)
+    missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]
+    assert not missing, missing
+    assert shot.exists()

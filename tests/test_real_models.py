@@ -1,0 +1,75 @@
+"""Integration tests on the real built-in models (loaded offline from their PyPI packages)."""
+
+import numpy as np
+import pytest
+import torch
+
+from cel_utils.ablation import ablate_heads, pad_right
+from cel_utils.errors import CELError
+from cel_utils.models import load_model
+from cel_utils.scoring import encode_task, evaluate
+from cel_utils.screening import plain_screen, screen
+from cel_utils.tasks import load_task
+
+pytestmark = pytest.mark.real
+
+
+def _batch(lm):
+    toks = [lm.tokenizer(t)["input_ids"] for t in ["The capital of France is", "12 + 34 = "]]
+    return pad_right(toks, 0)
+
+
+def test_smollm2_geometry(smol):
+    assert (smol.family, smol.n_layers, smol.n_heads, smol.n_kv_heads, smol.head_dim) == ("llama", 30, 9, 3, 64)
+    assert len(smol.weights_hash) == 16
+    assert smol.out_proj(0).in_features == 576
+
+
+def test_smollm2_empty_ablation_exact_and_one_head_changes(smol):
+    ids, att = _batch(smol)
+    with torch.no_grad():
+        ref = smol.model(input_ids=ids, attention_mask=att).logits
+        with ablate_heads(smol, []):
+            same = smol.model(input_ids=ids, attention_mask=att).logits
+        with ablate_heads(smol, "L14H8"):
+            diff = smol.model(input_ids=ids, attention_mask=att).logits
+    assert torch.equal(ref, same)
+    assert (ref - diff).abs().max() > 1e-3
+
+
+def test_smollm2_capitals_baseline(smol):
+    task = load_task("capitals", n=40)
+    res = evaluate(smol, encode_task(smol, task))
+    assert res.accuracy[0] >= 0.8
+
+
+def test_smollm2_engine_matches_plain_loop(smol):
+    task = load_task("addition", n=12)
+    enc = encode_task(smol, task)
+    heads = [(0, 0), (11, 8), (14, 8), (29, 3)]
+    a = screen(smol, task, heads=heads, enc=enc, progress=False)
+    b = plain_screen(smol, task, heads=heads, enc=enc, progress=False)
+    assert np.abs(a.results.margin - b.results.margin).max() < 1e-4
+    assert np.array_equal(a.results.correct, b.results.correct)
+
+
+def test_hub_id_without_network_fails_cleanly():
+    with pytest.raises(CELError, match="not available locally"):
+        load_model("HuggingFaceTB/definitely-not-cached-model")
+
+
+def test_gemma_geometry_exactness_and_engine():
+    lm = load_model("gemma3-270m")
+    assert (lm.family, lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim) == ("gemma3", 18, 4, 1, 256)
+    assert lm.out_proj(0).in_features == 1024  # heads x head_dim, not the hidden size 640
+    ids, att = _batch(lm)
+    with torch.no_grad():
+        ref = lm.model(input_ids=ids, attention_mask=att).logits
+        with ablate_heads(lm, []):
+            assert torch.equal(ref, lm.model(input_ids=ids, attention_mask=att).logits)
+    task = load_task("antonyms", n=6)
+    enc = encode_task(lm, task)
+    a = screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False)
+    b = plain_screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False, batch_size=4)
+    assert np.abs(a.results.margin - b.results.margin).max() < 1e-4
+    assert np.array_equal(a.results.correct, b.results.correct)
