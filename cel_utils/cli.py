@@ -151,9 +151,24 @@ def cmd_screen(args):
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
     enc = encode_task(lm, task)
     means = _means(lm, enc, args.mode)
-    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
     out = _header(lm, task, args)
-    out["method"] = "exact"
+    out["method"] = args.method
+    if args.method != "exact":
+        from .screening import compressed_screen, gradient_screen
+
+        if args.method == "gradient":
+            ap = gradient_screen(lm, task, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
+        else:
+            ap = compressed_screen(lm, task, mode=args.mode, means=means, seed=args.seed, enc=enc,
+                                   progress=not args.quiet)
+        wanted = set(heads)
+        out["cost"] = {"forward_equivalents": ap.forward_equivalents, "n_evaluations": ap.n_evaluations}
+        out["heads"] = [{"layer": l, "head": h, "estimated_delta_margin": float(e)}
+                        for (l, h), e in zip(ap.heads, ap.estimate) if (l, h) in wanted]
+        out["timing"] = {"seconds": round(ap.seconds, 3)}
+        emit(out, args.out)
+        return
+    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
     tab = sc.table
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
@@ -202,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("screen", help="ablate each head alone")
     common(s)
     s.add_argument("--heads", default=None, help="heads to screen (default: all), e.g. L0H6,L3 or all")
+    s.add_argument("--method", default="exact", choices=["exact", "gradient", "compressed"],
+                   help="exact (default), gradient attribution, or compressed sensing (approximate: margins only)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_screen)
 

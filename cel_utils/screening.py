@@ -302,3 +302,180 @@ def recheck(lm, task, head_sets: dict[str, Sequence[Head]], mode: str = "zero", 
         "p_value": acc["p_value"],
         "delta_margin": mar["delta"], "margin_ci_low": mar["ci_low"], "margin_ci_high": mar["ci_high"],
     })
+
+
+# ---------------------------------------------------------------------------------------------
+# Approximate screens, and how they compare with the exact one
+# ---------------------------------------------------------------------------------------------
+def forward_equivalents(lm, head_sets: Sequence[Sequence[Head]]) -> float:
+    """Cost of evaluating head sets with the engine, in clean full forwards: 1 (the clean pass) plus, per set,
+    the fraction of layers it recomputes (from its first ablated layer up)."""
+    return 1.0 + sum((lm.n_layers - min(l for l, _ in hs)) / lm.n_layers for hs in head_sets if hs)
+
+
+@dataclass
+class ApproxScreen:
+    """Estimated change in mean margin per head, from an approximate method."""
+
+    heads: list[Head]
+    estimate: np.ndarray  # [n_heads] estimated delta_margin
+    method: str
+    seconds: float
+    forward_equivalents: float
+    n_evaluations: int
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame({"head": [head_name(h) for h in self.heads], "layer": [h[0] for h in self.heads],
+                             "head_index": [h[1] for h in self.heads], "estimated_delta_margin": self.estimate})
+
+
+def _differentiable_margins(enc: EncodedTask, lp: torch.Tensor, gap: torch.Tensor, reads: np.ndarray,
+                            items: np.ndarray) -> torch.Tensor:
+    """Per-item margins (torch, differentiable) for the reads of a batch; ``items`` are the batch's items."""
+    pos = {int(i): k for k, i in enumerate(items)}
+    ri = torch.tensor([pos[int(i)] for i in enc.read_item[reads]])
+    if enc.kind == "em":
+        m = torch.full((len(items),), float("inf"), dtype=gap.dtype)
+        return m.scatter_reduce(0, ri, gap, reduce="amin", include_self=True)
+    C = int(enc.n_choices.max())
+    flat = ri * C + torch.tensor(enc.read_choice[reads])
+    scores = torch.zeros(len(items) * C, dtype=lp.dtype).index_add(0, flat, lp).view(len(items), C)
+    valid = torch.arange(C)[None] < torch.tensor(enc.n_choices[items])[:, None]
+    scores = scores.masked_fill(~valid, float("-inf"))
+    ans = torch.tensor(enc.answers[items])
+    a = scores.gather(1, ans[:, None])[:, 0]
+    others = scores.scatter(1, ans[:, None], float("-inf")).max(dim=1).values
+    return a - others
+
+
+def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 4096, enc: EncodedTask | None = None,
+                    progress: bool = False) -> ApproxScreen:
+    """First-order estimate of every head's ablation effect on the mean margin (Michel et al. 2019).
+
+    A differentiable mask ``m [n_layers, n_heads]`` scales each head's output (``zero``: ``m * x``; ``mean``:
+    ``mean + m * (x - mean)``); one forward and one backward at ``m = 1`` give ``d margin / d m``, and
+    removing head h (``m_h: 1 -> 0``) changes the margin by about ``-d margin / d m_h``.
+    """
+    enc = enc if enc is not None else encode_task(lm, task)
+    if mode == "mean" and means is None:
+        means = compute_head_means(lm, enc.inputs)
+    H, D = lm.n_heads, lm.head_dim
+    mask = torch.ones(lm.n_layers, H, dtype=torch.float32, device=lm.device, requires_grad=True)
+
+    def make_hook(layer):
+        def pre_hook(module, args):
+            x = args[0]
+            b, t = x.shape[:2]
+            xh = x.view(b, t, H, D)
+            m = mask[layer].to(x.dtype)[None, None, :, None]
+            if mode == "mean":
+                mu = means[layer].to(x)[None, None]
+                xh = mu + m * (xh - mu)
+            else:
+                xh = xh * m
+            return (xh.reshape(b, t, H * D),) + tuple(args[1:])
+        return pre_hook
+
+    t0 = time.perf_counter()
+    handles = [lm.out_proj(l).register_forward_pre_hook(make_hook(l)) for l in range(lm.n_layers)]
+    order = np.argsort(enc.read_seq, kind="stable")
+    bounds = np.searchsorted(enc.read_seq[order], np.arange(len(enc.inputs) + 1))
+    # group inputs so that every item's reads are in one batch (its margin needs all its choices)
+    seqs_of_item: dict[int, set] = {}
+    for r in range(enc.n_reads):
+        seqs_of_item.setdefault(int(enc.read_item[r]), set()).add(int(enc.read_seq[r]))
+    lengths = [len(x) for x in enc.inputs]
+    batches, cur, cur_tok = [], [], 0
+    for i in range(enc.n_items):
+        s = sorted(seqs_of_item[i])
+        tok = sum(lengths[j] for j in s)
+        if cur and cur_tok + tok > max_tokens:
+            batches.append(cur)
+            cur, cur_tok = [], 0
+        cur.append(i)
+        cur_tok += tok
+    if cur:
+        batches.append(cur)
+    total = 0.0
+    was_training = lm.model.training
+    try:
+        for items in tqdm(batches, desc="gradient screen", disable=not progress, leave=False):
+            seqs = sorted({j for i in items for j in seqs_of_item[i]})
+            row = {s: k for k, s in enumerate(seqs)}
+            ids, att = pad_right([enc.inputs[s] for s in seqs], pad_id(lm))
+            hidden = lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device),
+                                         use_cache=False).last_hidden_state
+            reads = np.concatenate([order[bounds[s]:bounds[s + 1]] for s in seqs])
+            rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads])
+            pos = torch.tensor(enc.read_pos[reads])
+            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads]))
+            margins = _differentiable_margins(enc, lp, gap, reads, np.asarray(items))
+            (margins.sum() / enc.n_items).backward()
+            total += float(margins.sum().detach())
+    finally:
+        for h in handles:
+            h.remove()
+        lm.model.train(was_training)
+        lm.model.zero_grad(set_to_none=True)
+    grad = mask.grad.detach().cpu().numpy()  # [n_layers, n_heads]
+    heads = all_heads(lm)
+    est = np.array([-grad[l, h] for l, h in heads])
+    return ApproxScreen(heads=heads, estimate=est, method="gradient", seconds=time.perf_counter() - t0,
+                        forward_equivalents=3.0, n_evaluations=1, meta={"baseline_mean_margin": total / enc.n_items})
+
+
+def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | None = None, mode: str = "zero",
+                      means=None, seed: int = 0, enc: EncodedTask | None = None, progress: bool = False) -> ApproxScreen:
+    """Compressed-sensing screen (Bair et al. 2026): random knockouts, then a sparse regression.
+
+    Each of ``n_evaluations`` evaluations ablates a random subset of heads (each head with probability
+    ``p``); a cross-validated Lasso of the change in mean margin on the 0/1 knockout pattern estimates each
+    head's effect with fewer evaluations than heads.
+    """
+    from sklearn.linear_model import LassoCV
+
+    enc = enc if enc is not None else encode_task(lm, task)
+    if mode == "mean" and means is None:
+        means = compute_head_means(lm, enc.inputs)
+    heads = all_heads(lm)
+    N = len(heads)
+    n_evaluations = n_evaluations or max(20, N // 2)
+    p = p if p is not None else min(0.2, 4.0 / N ** 0.5)
+    rng = np.random.default_rng(seed)
+    X = (rng.random((n_evaluations, N)) < p)
+    X[X.sum(1) == 0, rng.integers(0, N)] = True
+    sets = [[heads[j] for j in np.flatnonzero(x)] for x in X]
+    t0 = time.perf_counter()
+    res = evaluate_head_sets(lm, enc, [[]] + sets, mode=mode, means=means, progress=progress,
+                             desc="compressed-sensing knockouts")
+    y = res.mean_margin[1:] - res.mean_margin[0]
+    model = LassoCV(cv=5, alphas=30, random_state=seed, max_iter=20000).fit(X.astype(float), y)
+    secs = time.perf_counter() - t0
+    return ApproxScreen(heads=heads, estimate=model.coef_, method="compressed", seconds=secs,
+                        forward_equivalents=forward_equivalents(lm, sets), n_evaluations=n_evaluations,
+                        meta={"p": p, "alpha": float(model.alpha_), "intercept": float(model.intercept_)})
+
+
+def compare_to_exact(exact: Screen, approx: ApproxScreen, k: int = 10) -> dict:
+    """Agreement of an approximate screen with the exact one on the change in mean margin."""
+    from scipy.stats import spearmanr
+
+    tab = exact.table.set_index("head")
+    est = pd.Series(approx.estimate, index=[head_name(h) for h in approx.heads]).loc[tab.index]
+    true = tab["delta_margin"]
+    top_true, top_est = set(true.nlargest(k).index), set(est.nlargest(k).index)
+    bot_true, bot_est = set(true.nsmallest(k).index), set(est.nsmallest(k).index)
+    return {"method": approx.method, "spearman": float(spearmanr(true, est).statistic),
+            f"recall_top{k}_improvers": len(top_true & top_est) / k,
+            f"recall_top{k}_harmful": len(bot_true & bot_est) / k,
+            "seconds": approx.seconds, "forward_equivalents": approx.forward_equivalents,
+            "exact_seconds": exact.seconds,
+            "exact_forward_equivalents": forward_equivalents_for_screen(exact),
+            "n_evaluations": approx.n_evaluations}
+
+
+def forward_equivalents_for_screen(sc: Screen) -> float:
+    L = max(l for l, _ in sc.heads) + 1
+    return 1.0 + sum((L - l) / L for l, _ in sc.heads)
