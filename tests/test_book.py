@@ -17,6 +17,8 @@ pytestmark = pytest.mark.notebook
 
 CI_PARAMETERS = {
     "01_screening": {"n_search": 8, "n_heldout": 8, "top_k": 3, "heads": "all"},
+    "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
+                               "compressed_evals": 20},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
                   "sweep_steps": 1500},
 }
@@ -53,6 +55,17 @@ def test_chapter1_records(staged):
     # margins are ranked: the first top head has the largest change in margin
     m = [t["search_delta_margin"] for t in r["top_heads"]]
     assert m == sorted(m, reverse=True)
+
+
+def test_screening_at_scale_records(staged):
+    r = _record(staged, "01b_screening_at_scale")
+    (sp,) = r["speed"]
+    assert sp["accuracy identical"] and sp["max margin diff"] < 1e-4
+    assert sp["ratio"] > 1.0  # the engine is faster than the plain loop even on a handful of items
+    methods = {a["method"] for a in r["agreement"]}
+    assert methods == {"exact", "gradient", "compressed"}
+    for a in r["agreement"]:
+        assert -1 <= a["spearman"] <= 1 and 0 <= a["recall_top10_improvers"] <= 1
 
 
 def test_chapter3_records(staged):
@@ -103,7 +116,7 @@ def test_book_builds_offline(built):
     assert (built / "_static" / "vendor" / "mathjax" / "tex-chtml.js").exists()
 
 
-@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("03_theory", 4)])
+@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("01b_screening_at_scale", 1), ("03_theory", 4)])
 def test_figures_in_html(built, chapter, min_figs):
     html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot") >= min_figs
