@@ -131,8 +131,10 @@ def cmd_eval(args):
     heads = parse_heads(args.ablate or "", lm.n_layers, lm.n_heads)
     enc = encode_task(lm, task)
     means = _means(lm, enc, args.mode)
-    base = evaluate(lm, enc, (), mode=args.mode, means=means)
-    abl = evaluate(lm, enc, heads, mode=args.mode, means=means)
+    if args.max_tokens < 1:
+        raise CELError("--max-tokens must be at least 1")
+    base = evaluate(lm, enc, (), mode=args.mode, means=means, max_tokens=args.max_tokens)
+    abl = evaluate(lm, enc, heads, mode=args.mode, means=means, max_tokens=args.max_tokens)
     out = _header(lm, task, args)
     out["baseline"] = {"accuracy": float(base.accuracy[0]), "mean_margin": float(base.mean_margin[0])}
     out["ablated"] = {"heads": format_heads(heads).split(",") if heads else [],
@@ -168,7 +170,8 @@ def cmd_screen(args):
         out["timing"] = {"seconds": round(ap.seconds, 3)}
         emit(out, args.out)
         return
-    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
+    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet,
+                max_tokens=args.max_tokens)
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
     tab = sc.table
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
@@ -207,7 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--mode", default="zero", choices=["zero", "mean"])
         sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
-        sp.add_argument("--device", default="cpu")
+        sp.add_argument("--device", default="cpu", help="cpu (default, tested) or cuda")
+        sp.add_argument("--max-tokens", type=int, default=8192,
+                        help="padded tokens per forward pass: bounds memory (default 8192)")
 
     e = sub.add_parser("eval", help="evaluate with a head set ablated together")
     common(e)

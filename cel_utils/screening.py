@@ -351,7 +351,7 @@ def _differentiable_margins(enc: EncodedTask, lp: torch.Tensor, gap: torch.Tenso
 
 
 def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 4096, enc: EncodedTask | None = None,
-                    progress: bool = False) -> ApproxScreen:
+                    progress: bool = False, share_prefix: bool = True) -> ApproxScreen:
     """First-order estimate of every head's ablation effect on the mean margin (Michel et al. 2019).
 
     A differentiable mask ``m [n_layers, n_heads]`` scales each head's output (``zero``: ``m * x``; ``mean``:
@@ -386,7 +386,8 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
     seqs_of_item: dict[int, set] = {}
     for r in range(enc.n_reads):
         seqs_of_item.setdefault(int(enc.read_item[r]), set()).add(int(enc.read_seq[r]))
-    lengths = [len(x) for x in enc.inputs]
+    P0 = len(common_prefix(enc)) if share_prefix else 0
+    lengths = [len(x) - P0 for x in enc.inputs]
     batches, cur, cur_tok = [], [], 0
     for i in range(enc.n_items):
         s = sorted(seqs_of_item[i])
@@ -400,16 +401,29 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
         batches.append(cur)
     total = 0.0
     was_training = lm.model.training
+    base = lm.model.base_model
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    cache_kw = _cache_kw(base)
+    dev = lm.device
     try:
         for items in tqdm(batches, desc="gradient screen", disable=not progress, leave=False):
             seqs = sorted({j for i in items for j in seqs_of_item[i]})
             row = {s: k for k, s in enumerate(seqs)}
-            ids, att = pad_right([enc.inputs[s] for s in seqs], pad_id(lm))
-            hidden = lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device),
-                                         use_cache=False).last_hidden_state
+            ids, att = pad_right([enc.inputs[s][P:] for s in seqs], pad_id(lm))
+            ids, att = ids.to(dev), att.to(dev)
+            kw = {"use_cache": False}
+            if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
+                out = base(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
+                pkv = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+                pkv.batch_repeat_interleave(len(seqs))
+                kw = {cache_kw: pkv, "use_cache": True,
+                      "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(len(seqs), -1)}
+                att = torch.cat([torch.ones(len(seqs), P, dtype=att.dtype, device=dev), att], dim=1)
+            hidden = base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
             reads = np.concatenate([order[bounds[s]:bounds[s + 1]] for s in seqs])
             rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads])
-            pos = torch.tensor(enc.read_pos[reads])
+            pos = torch.tensor(enc.read_pos[reads] - P)
             lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads]))
             margins = _differentiable_margins(enc, lp, gap, reads, np.asarray(items))
             (margins.sum() / enc.n_items).backward()

@@ -73,3 +73,11 @@ def test_cli_method_recorded(tmp_path, capsys):
         j = json.loads(out.read_text())
         assert j["method"] == method and len(j["heads"]) == lm.n_layers * lm.n_heads
         assert "estimated_delta_margin" in j["heads"][0] and j["cost"]["n_evaluations"] >= 1
+
+
+def test_gradient_prefix_sharing_is_exact(tiny_llama):
+    task = load_task("sentiment", n=5)
+    a = gradient_screen(tiny_llama, task, share_prefix=True)
+    b = gradient_screen(tiny_llama, task, share_prefix=False)
+    assert np.abs(a.estimate - b.estimate).max() < 1e-4
+    assert np.abs(a.estimate).max() > 1e-3

@@ -106,3 +106,25 @@ def test_sweep_small():
     df = th.sweep(sigmas=(1e-4, 1.0), heads=(2,), n_seeds=3, steps=1500)
     assert list(df.columns[:3]) == ["heads", "sigma", "runs"] and len(df) == 2
     assert df.c_share.between(0, 1).all()
+
+
+def test_factored_query_key_variant():
+    """Query and key weights factored (theta = q . k): works when the key-query scale starts larger."""
+    r = th.run(n_heads=4, sigma=1e-4, seed=0, steps=4000, qk="factored", qk_scale=0.3)
+    assert r.gap < 1e-4
+    assert r.c_share > 0.8
+
+
+def test_cli_theory_json(tmp_path):
+    import json
+
+    from cel_utils.cli import main
+
+    out = tmp_path / "theory.json"
+    assert main(["theory", "--heads", "3", "--sigma", "1e-4", "--seed", "1", "--steps", "3000", "--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    for k in ("gap", "c_share", "c_head", "ablation"):
+        assert k in d
+    assert len(d["ablation"]) == 3
+    assert set(d["ablation"][0]) >= {"head", "delta_loss_a", "delta_loss_b", "delta_acc_a", "delta_acc_b"}
+    assert d["ablation"][d["c_head"]]["delta_loss_a"] < 0
