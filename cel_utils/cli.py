@@ -4,6 +4,7 @@
     cel tasks
     cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
     cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--mode zero|mean] [--out F]
+    cel merge  SHARD.json ... [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
 
 Bad input exits with status 2 and a one-line message, and writes no output file.
@@ -151,10 +152,14 @@ def cmd_screen(args):
     check_head_spec(args.heads or "")
     lm, task = _load(args)
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
+    if args.shard:
+        heads = shard_heads(heads, *args.shard)
     enc = encode_task(lm, task)
     means = _means(lm, enc, args.mode)
     out = _header(lm, task, args)
     out["method"] = args.method
+    if args.shard:
+        out["shard"] = f"{args.shard[0]}/{args.shard[1]}"
     if args.method != "exact":
         from .screening import compressed_screen, gradient_screen
 
@@ -178,6 +183,55 @@ def cmd_screen(args):
                      "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
                      "delta_margin": float(r.delta_margin)} for r in tab.itertuples()]
     out["timing"] = {"seconds": round(sc.seconds, 3)}
+    emit(out, args.out)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    import re
+
+    m = re.fullmatch(r"(\d+)/(\d+)", text or "")
+    if not m or not (1 <= int(m.group(1)) <= int(m.group(2))):
+        raise argparse.ArgumentTypeError(f"shard must be K/N with 1 <= K <= N, got {text!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard_heads(heads, k: int, n: int):
+    """Shard K of N: the heads whose *layer* is K-1 modulo N.
+
+    Sharding by layer keeps each layer's heads in the same batched forwards as an unsharded run, so a
+    merged screen is identical to the unsharded one (and layers interleave, so shards cost about the same).
+    """
+    return [h for h in heads if h[0] % n == k - 1]
+
+
+def cmd_merge(args):
+    """Combine shard outputs of one screen into the screen an unsharded run gives."""
+    check_out(args.out)
+    parts = []
+    for f in args.files:
+        try:
+            with open(f, encoding="utf-8") as fh:
+                parts.append(json.load(fh))
+        except FileNotFoundError:
+            raise CELError(f"shard file {f} does not exist") from None
+        except json.JSONDecodeError as e:
+            raise CELError(f"shard file {f} is not valid JSON ({e.msg})") from None
+    keys = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline")
+    for f, p in zip(args.files, parts):
+        if "shard" not in p or "heads" not in p:
+            raise CELError(f"{f} is not a shard of a screen (no 'shard' field)")
+        for k in keys:
+            if p.get(k) != parts[0].get(k):
+                raise CELError(f"{f} does not belong to the same screen as {args.files[0]}: '{k}' differs")
+    n = {int(p["shard"].split("/")[1]) for p in parts}
+    got = sorted(int(p["shard"].split("/")[0]) for p in parts)
+    if len(n) != 1 or got != list(range(1, n.pop() + 1)):
+        raise CELError(f"need every shard exactly once, got shards {[p['shard'] for p in parts]}")
+    heads = sorted((h for p in parts for h in p["heads"]), key=lambda h: (h["layer"], h["head"]))
+    out = {k: v for k, v in parts[0].items() if k not in ("shard", "heads", "timing")}
+    out["heads"] = heads
+    out["timing"] = {"seconds": round(sum(p.get("timing", {}).get("seconds", 0) for p in parts), 3),
+                     "shards": len(parts)}
     emit(out, args.out)
 
 
@@ -225,7 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default="exact", choices=["exact", "gradient", "compressed"],
                    help="exact (default), gradient attribution, or compressed sensing (approximate: margins only)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--shard", type=parse_shard, default=None,
+                   help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
     s.set_defaults(fn=cmd_screen)
+
+    mg = sub.add_parser("merge", help="combine `cel screen --shard K/N` outputs into one screen")
+    mg.add_argument("files", nargs="+")
+    mg.add_argument("--out", default=None)
+    mg.set_defaults(fn=cmd_merge)
 
     t = sub.add_parser("theory", help="train the toy multi-head attention model of chapter 3")
     t.add_argument("--heads", type=int, default=4)

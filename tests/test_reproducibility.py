@@ -1,0 +1,73 @@
+"""Same command, same seed: identical JSON (apart from the timing field); shards merge into the unsharded screen."""
+
+import json
+
+import pytest
+
+from cel_utils.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from tiny import tiny_model
+
+    d = tmp_path_factory.mktemp("tiny_gemma")
+    lm = tiny_model("gemma3")
+    lm.model.save_pretrained(d)
+    lm.tokenizer.save_pretrained(d)
+    return str(d)
+
+
+def _strip_timing(path):
+    d = json.loads(path.read_text())
+    d.pop("timing", None)
+    return d
+
+
+def test_same_command_same_bytes(model_dir, tmp_path):
+    outs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}.json"
+        assert main(["screen", "--model", model_dir, "--task", "addition", "--n", "5", "--quiet", "--out", str(out)]) == 0
+        outs.append(out)
+    a, b = (_strip_timing(o) for o in outs)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    prov = a["provenance"]
+    assert prov["cel_utils"] and prov["weights_hash"] and prov["task_items_hash"]
+    assert a["method"] == "exact" and a["mode"] == "zero" and a["seed"] == 0
+
+
+def test_shards_merge_to_unsharded(model_dir, tmp_path):
+    full = tmp_path / "full.json"
+    assert main(["screen", "--model", model_dir, "--task", "capitals", "--n", "4", "--quiet", "--out", str(full)]) == 0
+    shards = []
+    for k in (1, 2):
+        p = tmp_path / f"shard{k}.json"
+        assert main(["screen", "--model", model_dir, "--task", "capitals", "--n", "4", "--quiet", "--shard", f"{k}/2",
+                     "--out", str(p)]) == 0
+        shards.append(str(p))
+    s1 = json.loads(open(shards[0]).read())
+    assert {h["layer"] for h in s1["heads"]} == {0, 2}
+    merged = tmp_path / "merged.json"
+    assert main(["merge", *shards, "--out", str(merged)]) == 0
+    assert _strip_timing(merged) == _strip_timing(full)
+
+
+def test_merge_rejects_incomplete_or_mixed(model_dir, tmp_path, capsys):
+    p1 = tmp_path / "s1.json"
+    assert main(["screen", "--model", model_dir, "--task", "capitals", "--n", "3", "--quiet", "--shard", "1/2",
+                 "--out", str(p1)]) == 0
+    out = tmp_path / "m.json"
+    assert main(["merge", str(p1), "--out", str(out)]) == 2 and not out.exists()
+    assert "every shard" in capsys.readouterr().err
+    p2 = tmp_path / "s2.json"
+    assert main(["screen", "--model", model_dir, "--task", "capitals", "--n", "2", "--quiet", "--shard", "2/2",
+                 "--out", str(p2)]) == 0
+    assert main(["merge", str(p1), str(p2), "--out", str(out)]) == 2 and not out.exists()
+    assert "differs" in capsys.readouterr().err
+
+
+def test_bad_shard_spec(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["screen", "--model", "x", "--task", "addition", "--shard", "3/2"])
+    assert e.value.code == 2
