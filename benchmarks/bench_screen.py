@@ -35,9 +35,9 @@ def bench(model: str, task_name: str, n: int, n_heads: int) -> dict:
     step = max(1, len(heads) // n_heads)
     heads = heads[::step][:n_heads]
     # warm-up (first-call allocations), not timed
-    screen(lm, task, heads=heads[:1], enc=enc, progress=False)
+    screen(lm, task, heads=heads[:1], enc=enc, progress=False, use_cache=False)
     t0 = time.perf_counter()
-    e = screen(lm, task, heads=heads, enc=enc, progress=False)
+    e = screen(lm, task, heads=heads, enc=enc, progress=False, use_cache=False)
     t_engine = time.perf_counter() - t0
     t0 = time.perf_counter()
     p = plain_screen(lm, task, heads=heads, enc=enc, progress=False)

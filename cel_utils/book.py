@@ -33,6 +33,28 @@ def record(path: str | os.PathLike, values: dict) -> dict:
     return values
 
 
+def check_parameters(namespace: dict, **types) -> None:
+    """Fail with one clear message when a notebook parameter has the wrong type (e.g. from papermill -p).
+
+    Example:
+        >>> check_parameters({"n": 3, "sigma": 1}, n=int, sigma=float)
+        >>> check_parameters({"n": "3"}, n=int)
+        Traceback (most recent call last):
+        ...
+        cel_utils.errors.CELError: parameter 'n' must be int, got str '3'
+    """
+    from .errors import CELError
+
+    for name, typ in types.items():
+        val = namespace.get(name)
+        ok = isinstance(val, typ) and not (typ in (int, float) and isinstance(val, bool))
+        if typ is float and isinstance(val, int) and not isinstance(val, bool):
+            ok = True
+        if not ok:
+            tname = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+            raise CELError(f"parameter {name!r} must be {tname}, got {type(val).__name__} {val!r}")
+
+
 def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
             kernel: str = "python3") -> list[dict]:
     import papermill as pm

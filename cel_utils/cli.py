@@ -86,17 +86,19 @@ def emit(obj, out: str | None) -> None:
 
 def _header(lm, task, args) -> dict:
     return {"model": args.model, "task": task.name, "split": task.split, "n_items": len(task.items),
-            "seed": args.seed, "mode": args.mode,
+            "seed": args.seed, "mode": args.mode, "device": args.device, "dtype": args.dtype,
             "provenance": {"cel_utils": __version__, "weights_hash": lm.weights_hash,
                            "task_items_hash": task.items_hash(), "task_source": task.source}}
 
 
 def _load(args):
+    if getattr(args, "no_cache", False):
+        os.environ["CEL_NO_CACHE"] = "1"
     from .models import load_model
     from .tasks import load_task
 
     task = load_task(args.task, split=args.split, n=args.n, seed=args.seed)  # cheap checks first
-    lm = load_model(args.model, device=getattr(args, "device", "cpu"))
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
     return lm, task
 
 
@@ -265,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--mode", default="zero", choices=["zero", "mean"])
         sp.add_argument("--out", default=None, help="write JSON here (default: stdout)")
         sp.add_argument("--device", default="cpu", help="cpu (default, tested) or cuda")
+        sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="weights dtype (float32 default and tested; bfloat16 on GPUs)")
+        sp.add_argument("--no-cache", action="store_true",
+                        help="do not read or write the result cache ($CEL_CACHE_DIR, default ~/.cache/cel_utils)")
         sp.add_argument("--max-tokens", type=int, default=8192,
                         help="padded tokens per forward pass: bounds memory (default 8192)")
 

@@ -224,7 +224,10 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         files = [p for p in Path(src).glob("*.safetensors")] + [p for p in Path(src).glob("*.bin")] \
             if local.exists() else []
         lm = wrap_model(model, tok, name=name, weights_hash=file_hash(files) if files else None, source=src)
-    lm.model.to(device)
+    if device != "cpu":
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise CELError(f"device {device!r} requested but no CUDA device is available")
+        lm.model.to(device)
     if cache:
         _CACHE[key] = lm
     return lm

@@ -183,7 +183,8 @@ def batches_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=None, max_tokens: int = 8192) -> ItemResults:
+def evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=None, max_tokens: int = 8192,
+             use_cache: bool | None = None) -> ItemResults:
     """Evaluate one head set (ablated together) on an encoded task; logits only where reads are.
 
     For many head sets at once use :func:`cel_utils.screening.evaluate_head_sets` (much faster).
@@ -191,7 +192,7 @@ def evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=None, max
     from .screening import evaluate_head_sets
 
     return evaluate_head_sets(lm, enc, [list(heads)], mode=mode, means=means, max_tokens=max_tokens,
-                              progress=False)
+                              progress=False, use_cache=use_cache)
 
 
 @torch.no_grad()

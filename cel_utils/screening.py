@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -79,16 +80,41 @@ def _cache_kw(base) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
-@torch.no_grad()
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = 8192, progress: bool = True,
-                       desc: str = "evaluating head sets", share_prefix: bool = True) -> ItemResults:
+                       desc: str = "evaluating head sets", share_prefix: bool = True,
+                       use_cache: bool | None = None) -> ItemResults:
     """Evaluate each head set (heads in a set ablated together) on every item.
 
     Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
     ``max_tokens`` bounds the padded tokens per forward (memory). With ``share_prefix`` a prompt prefix
     common to all items (few-shot demonstrations) is run once per head set and its keys/values reused.
+    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``use_cache=False`` or ``CEL_NO_CACHE=1``.
     """
+    from . import cache
+
+    use_cache = cache.enabled() if use_cache is None else use_cache
+    key = None
+    if use_cache:
+        extra = {}
+        if mode == "mean" and means is not None:
+            extra["means"] = hashlib.sha256(means.detach().cpu().float().numpy().tobytes()).hexdigest()
+        key = cache.make_key(lm, enc, head_sets, mode, "exact", extra)
+        hit = cache.load(key)
+        if hit is not None and hit["correct"].shape == (len(head_sets), enc.n_items):
+            return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"))
+    res = _evaluate_head_sets(lm, enc, head_sets, mode, means, max_tokens, progress, desc, share_prefix)
+    if key is not None:
+        arrays = {"correct": res.correct, "margin": res.margin}
+        if res.choice_scores is not None:
+            arrays["choice_scores"] = res.choice_scores
+        cache.store(key, arrays)
+    return res
+
+
+@torch.no_grad()
+def _evaluate_head_sets(lm, enc: EncodedTask, head_sets, mode, means, max_tokens, progress, desc,
+                        share_prefix) -> ItemResults:
     S = len(head_sets)
     masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
     first_layer = [min(l for l, _ in hs) if len(hs) else -1 for hs in head_sets]
@@ -243,15 +269,17 @@ class Screen:
 
 
 def screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zero", means=None,
-           max_tokens: int = 8192, progress: bool = True, enc: EncodedTask | None = None) -> Screen:
-    """Ablate each head alone (all heads by default) with the exact engine."""
+           max_tokens: int = 8192, progress: bool = True, enc: EncodedTask | None = None,
+           use_cache: bool | None = None) -> Screen:
+    """Ablate each head alone (all heads by default) with the exact engine (results cached on disk)."""
     heads = list(heads) if heads is not None else all_heads(lm)
     enc = enc if enc is not None else encode_task(lm, task)
     if mode == "mean" and means is None:
         means = compute_head_means(lm, [enc_i for enc_i in enc.inputs])
     t0 = time.perf_counter()
     res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in heads], mode=mode, means=means,
-                             max_tokens=max_tokens, progress=progress, desc=f"screening {len(heads)} heads")
+                             max_tokens=max_tokens, progress=progress, desc=f"screening {len(heads)} heads",
+                             use_cache=use_cache)
     secs = time.perf_counter() - t0
     base = ItemResults(res.correct[:1], res.margin[:1], None if res.choice_scores is None else res.choice_scores[:1])
     rest = ItemResults(res.correct[1:], res.margin[1:], None if res.choice_scores is None else res.choice_scores[1:])
@@ -279,7 +307,7 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zer
 
 
 def recheck(lm, task, head_sets: dict[str, Sequence[Head]], mode: str = "zero", means=None,
-            n_boot: int = 2000, seed: int = 0, progress: bool = False) -> pd.DataFrame:
+            n_boot: int = 2000, seed: int = 0, progress: bool = False, use_cache: bool | None = None) -> pd.DataFrame:
     """Evaluate named head sets on (held-out) items: accuracy, change vs baseline with a paired bootstrap CI.
 
     ``head_sets`` maps a label (e.g. ``"L14H8"`` or ``"top 5 together"``) to the heads to ablate together.
@@ -289,7 +317,7 @@ def recheck(lm, task, head_sets: dict[str, Sequence[Head]], mode: str = "zero", 
     enc = encode_task(lm, task)
     names = list(head_sets)
     res = evaluate_head_sets(lm, enc, [[]] + [list(head_sets[k]) for k in names], mode=mode, means=means,
-                             progress=progress, desc="re-checking")
+                             progress=progress, desc="re-checking", use_cache=use_cache)
     base_c, base_m = res.correct[0].astype(float), res.margin[0]
     acc = paired_bootstrap_many(base_c, res.correct[1:].astype(float), n_boot=n_boot, seed=seed)
     mar = paired_bootstrap_many(base_m, res.margin[1:], n_boot=n_boot, seed=seed)
@@ -441,7 +469,8 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
 
 
 def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | None = None, mode: str = "zero",
-                      means=None, seed: int = 0, enc: EncodedTask | None = None, progress: bool = False) -> ApproxScreen:
+                      means=None, seed: int = 0, enc: EncodedTask | None = None, progress: bool = False,
+                      use_cache: bool | None = None) -> ApproxScreen:
     """Compressed-sensing screen (Bair et al. 2026): random knockouts, then a sparse regression.
 
     Each of ``n_evaluations`` evaluations ablates a random subset of heads (each head with probability
@@ -463,7 +492,7 @@ def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | Non
     sets = [[heads[j] for j in np.flatnonzero(x)] for x in X]
     t0 = time.perf_counter()
     res = evaluate_head_sets(lm, enc, [[]] + sets, mode=mode, means=means, progress=progress,
-                             desc="compressed-sensing knockouts")
+                             desc="compressed-sensing knockouts", use_cache=use_cache)
     y = res.mean_margin[1:] - res.mean_margin[0]
     model = LassoCV(cv=5, alphas=30, random_state=seed, max_iter=20000).fit(X.astype(float), y)
     secs = time.perf_counter() - t0

@@ -6,6 +6,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# a fresh result cache for every test session (inherited by the papermill kernels)
+import tempfile  # noqa: E402
+
+os.environ["CEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cel_cache_")
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402

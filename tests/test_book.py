@@ -147,3 +147,14 @@ def test_figures_render_in_headless_chromium(built, chapter):
     missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]
     assert not missing, missing
     assert shot.exists()
+
+
+def test_wrong_parameter_type_is_a_clear_error(tmp_path):
+    import papermill as pm
+
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(book.NOTEBOOKS / "03_theory.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={"steps": "many"}, kernel_name="python3", cwd=str(tmp_path),
+                            progress_bar=False)
+    assert "parameter 'steps' must be int, got str 'many'" in str(e.value)
+    assert not (tmp_path / "03_theory.record.json").exists()

@@ -99,3 +99,15 @@ def test_installed_entry_point():
     assert r.returncode == 0 and "addition" in r.stdout
     r = subprocess.run([str(Path(sys.executable).parent / "cel"), "models"], capture_output=True, text=True)
     assert "smollm2-135m" in r.stdout and "gemma3-270m" in r.stdout
+
+
+def test_device_and_dtype_options(tiny_dir, capsys):
+    import torch
+
+    if not torch.cuda.is_available():
+        code, _, err = run(["eval", "--model", tiny_dir, "--task", "addition", "--n", "2", "--device", "cuda"], capsys)
+        assert code == 2 and "no CUDA device" in err
+    code, out, err = run(["eval", "--model", tiny_dir, "--task", "addition", "--n", "2", "--dtype", "bfloat16"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["dtype"] == "bfloat16" and d["device"] == "cpu"
