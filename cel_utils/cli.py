@@ -139,6 +139,7 @@ def cmd_eval(args):
     base = evaluate(lm, enc, (), mode=args.mode, means=means, max_tokens=args.max_tokens)
     abl = evaluate(lm, enc, heads, mode=args.mode, means=means, max_tokens=args.max_tokens)
     out = _header(lm, task, args)
+    out["method"] = "exact"
     out["baseline"] = {"accuracy": float(base.accuracy[0]), "mean_margin": float(base.mean_margin[0])}
     out["ablated"] = {"heads": format_heads(heads).split(",") if heads else [],
                       "accuracy": float(abl.accuracy[0]), "mean_margin": float(abl.mean_margin[0])}

