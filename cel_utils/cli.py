@@ -181,10 +181,31 @@ def cmd_screen(args):
     sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet,
                 max_tokens=args.max_tokens)
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
-    tab = sc.table
+    tab = sc.stats(seed=args.seed)
+    out["candidate_rule"] = ("delta_accuracy > 0 and q_value < 0.10 (paired bootstrap, Benjamini-Hochberg over "
+                             "screened heads) and margin_ci_low > 0")
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
                      "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
-                     "delta_margin": float(r.delta_margin)} for r in tab.itertuples()]
+                     "delta_margin": float(r.delta_margin), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
+                     "p_value": float(r.p_value), "q_value": float(r.q_value),
+                     "margin_ci_low": float(r.margin_ci_low), "margin_ci_high": float(r.margin_ci_high),
+                     "candidate": bool(r.candidate)} for r in tab.itertuples()]
+    if args.heldout:
+        from .screening import recheck
+        from .tasks import load_task
+
+        if task.split is None:
+            raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
+        cands = [(int(r.layer), int(r.head_index)) for r in tab.itertuples() if r.candidate]
+        if cands:
+            held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
+            chk = recheck(lm, held, {f"L{l}H{h}": [(l, h)] for l, h in cands}, mode=args.mode, seed=args.seed)
+            by_name = {r.heads: r for r in chk.itertuples()}
+            for h in out["heads"]:
+                r = by_name.get(f"L{h['layer']}H{h['head']}")
+                if r is not None:
+                    h["heldout"] = {"accuracy": float(r.accuracy), "delta_accuracy": float(r.delta_accuracy),
+                                    "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)}
     out["timing"] = {"seconds": round(sc.seconds, 3)}
     emit(out, args.out)
 
@@ -286,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--method", default="exact", choices=["exact", "gradient", "compressed"],
                    help="exact (default), gradient attribution, or compressed sensing (approximate: margins only)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--heldout", action="store_true",
+                   help="re-check the candidate heads on the held-out split (same --n) in the same run")
     s.add_argument("--shard", type=parse_shard, default=None,
                    help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
     s.set_defaults(fn=cmd_screen)

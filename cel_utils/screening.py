@@ -263,6 +263,29 @@ class Screen:
             "delta_margin": mm - b_m,
         })
 
+    def stats(self, n_boot: int = 2000, seed: int = 0, alpha: float = 0.05, fdr: float = 0.10) -> pd.DataFrame:
+        """Per-head statistics on these items, with the candidate rule applied.
+
+        Paired bootstrap (same items with and without the ablation) 95% CIs of the change in accuracy
+        (``ci_low``, ``ci_high``, ``p_value``; ``q_value`` = Benjamini-Hochberg over all screened heads) and
+        in mean margin (``margin_ci_low``, ``margin_ci_high``).
+
+        **Candidate rule**: removal helps on both measures — the accuracy gain is significant after FDR
+        correction (``delta_accuracy > 0`` and ``q_value < fdr``) and the margin CI lies above zero.
+        """
+        from .stats import benjamini_hochberg, paired_bootstrap_many
+
+        acc = paired_bootstrap_many(self.baseline.correct[0].astype(float), self.results.correct.astype(float),
+                                    n_boot=n_boot, seed=seed, alpha=alpha)
+        mar = paired_bootstrap_many(self.baseline.margin[0], self.results.margin, n_boot=n_boot, seed=seed,
+                                    alpha=alpha)
+        tab = self.table
+        tab["ci_low"], tab["ci_high"], tab["p_value"] = acc["ci_low"], acc["ci_high"], acc["p_value"]
+        tab["q_value"] = benjamini_hochberg(acc["p_value"])
+        tab["margin_ci_low"], tab["margin_ci_high"] = mar["ci_low"], mar["ci_high"]
+        tab["candidate"] = (tab.delta_accuracy > 0) & (tab.q_value < fdr) & (tab.margin_ci_low > 0)
+        return tab
+
     def top(self, k: int = 10, by: str = "delta_margin") -> pd.DataFrame:
         return self.table.sort_values([by, "delta_accuracy" if by != "delta_accuracy" else "delta_margin"],
                                       ascending=False).head(k).reset_index(drop=True)

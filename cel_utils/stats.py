@@ -48,7 +48,10 @@ def paired_bootstrap_many(base: np.ndarray, ablated: np.ndarray, n_boot: int = 2
     rows, n = d.shape
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
-    boots = d[:, idx].mean(axis=2)  # [rows, n_boot]
+    # resample counts per item: boots = d @ counts / n, without materialising [rows, n_boot, n]
+    counts = np.zeros((n_boot, n))
+    np.add.at(counts, (np.repeat(np.arange(n_boot), n), idx.ravel()), 1.0)
+    boots = d @ counts.T / n  # [rows, n_boot]
     est = d.mean(axis=1)
     lo, hi = np.quantile(boots, [alpha / 2, 1 - alpha / 2], axis=1)
     extreme = (np.abs(boots - est[:, None]) >= np.abs(est)[:, None]).sum(axis=1)

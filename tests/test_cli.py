@@ -140,3 +140,17 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         cli.write_json_atomic(out, {"new": 1})
     assert json.loads(out.read_text()) == {"old": True} and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_screen_statistics_and_heldout(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    code, _, err = run(["screen", "--model", tiny_dir, "--task", "agreement", "--n", "30", "--heads", "L0,L1",
+                        "--heldout", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    assert "candidate_rule" in d
+    for h in d["heads"]:
+        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+        assert h["margin_ci_low"] - 1e-9 <= h["delta_margin"] <= h["margin_ci_high"] + 1e-9
+        assert 0 <= h["p_value"] <= h["q_value"] + 1e-12 <= 1 + 1e-12
+        assert ("heldout" in h) == h["candidate"]
