@@ -52,6 +52,7 @@ def test_chapter1_records(staged):
         assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
     for s in r["heldout_survivors"]:
         assert s in [h["heads"] for h in r["heldout"]]
+    assert r["n_candidates"] == len(r["candidates"]) <= r["n_heads_screened"]
     # margins are ranked: the first top head has the largest change in margin
     m = [t["search_delta_margin"] for t in r["top_heads"]]
     assert m == sorted(m, reverse=True)
