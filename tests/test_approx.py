@@ -60,12 +60,10 @@ def test_agreement_measures(planted):
 
 
 def test_cli_method_recorded(tmp_path, capsys):
-    from tiny import tiny_model
+    from tiny import save_tiny, tiny_model
 
-    d = tmp_path / "m"
+    d = save_tiny(tmp_path / "m", "llama")
     lm = tiny_model("llama")
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
     for method in ("gradient", "compressed"):
         out = tmp_path / f"{method}.json"
         assert main(["screen", "--model", str(d), "--task", "capitals", "--n", "4", "--method", method,

@@ -11,13 +11,9 @@ from cel_utils.cli import main
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny Llama saved as a local folder: exercises loading a user's own model."""
-    from tiny import tiny_model
+    from tiny import save_tiny
 
-    d = tmp_path_factory.mktemp("tiny_llama")
-    lm = tiny_model("llama")
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return str(d)
+    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
 
 def run(argv, capsys):

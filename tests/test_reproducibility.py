@@ -9,13 +9,9 @@ from cel_utils.cli import main
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tiny import tiny_model
+    from tiny import save_tiny
 
-    d = tmp_path_factory.mktemp("tiny_gemma")
-    lm = tiny_model("gemma3")
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return str(d)
+    return save_tiny(tmp_path_factory.mktemp("tiny_gemma"), "gemma3")
 
 
 def _strip_timing(path):

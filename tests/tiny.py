@@ -54,3 +54,11 @@ def tiny_model(family: str = "llama", seed: int = 0):
             if p.dim() >= 2:
                 p.mul_(4.0)
     return wrap_model(model.float().eval(), tok, name=f"tiny-{family}")
+
+
+def save_tiny(folder, family: str = "llama") -> str:
+    """Save a tiny model and its tokenizer as a local folder, as a user's own model would be."""
+    lm = tiny_model(family)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return str(folder)
