@@ -145,6 +145,8 @@ def test_figures_render_in_headless_chromium(built, chapter):
     n_divs = dom.stdout.count('class="plotly-graph-div')
     n_rendered = dom.stdout.count('class="main-svg"')
     assert n_divs >= 4 and n_rendered >= n_divs, (n_divs, n_rendered)
+    if chapter == "01_screening":  # the static head-toggle grid rendered by the local widget manager
+        assert "widget-toggle-button" in dom.stdout
     missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]
     assert not missing, missing
     assert shot.exists()
