@@ -355,7 +355,8 @@ def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: in
                          "c_share_sd": float(r.c_shares[sl].std()),
                          "single_c_head": float((r.n_c_carriers[sl] == 1).mean()),
                          "best_ablation_is_c_head": float((best[sl] == r.c_heads[sl]).mean()),
-                         "max_gap": float(r.gaps[sl].max())})
+                         "max_gap": float(r.gaps[sl].max()),
+                         "not_converged": int((r.gaps[sl] > 1e-6).sum())})
     return pd.DataFrame(rows)
 
 
