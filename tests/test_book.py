@@ -161,3 +161,23 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path):
                             progress_bar=False)
     assert "parameter 'steps' must be int, got str 'many'" in str(e.value)
     assert not (tmp_path / "03_theory.record.json").exists()
+
+
+PAGES = ["book/intro", "book/models_and_tasks", "book/course_guide", "book/glossary", "book/bibliography",
+         "book/chapters/execution_status"]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_loads_without_missing_resources(built, page):
+    path = built / f"{page}.html"
+    assert path.exists()
+    with tempfile.TemporaryDirectory() as prof:
+        r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
+                            "--virtual-time-budget=5000", "--enable-logging=stderr", "--v=0", "--dump-dom",
+                            path.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "<main" in r.stdout or "bd-main" in r.stdout
+    bad = [l for l in r.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l
+           or "ERR_NAME_NOT_RESOLVED" in l or "ERR_CONNECTION" in l]
+    assert not bad, bad
