@@ -218,8 +218,8 @@ def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=Non
                               use_cache=False).logits  # [batch, pos, vocab]
             logp = torch.log_softmax(logits.float(), dim=-1)
             for r, (i, c, whole, nctx) in enumerate(chunk):
-                pos = torch.arange(nctx - 1, len(whole) - 1)
-                toks = torch.tensor(whole[nctx:])
+                pos = torch.arange(nctx - 1, len(whole) - 1, device=logp.device)
+                toks = torch.tensor(whole[nctx:], device=logp.device)
                 lp_row = logp[r, pos]  # [n_cont, vocab]
                 tgt = lp_row.gather(1, toks[:, None])[:, 0]
                 other = lp_row.scatter(1, toks[:, None], float("-inf")).max(-1).values

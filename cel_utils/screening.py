@@ -385,17 +385,18 @@ class ApproxScreen:
 def _differentiable_margins(enc: EncodedTask, lp: torch.Tensor, gap: torch.Tensor, reads: np.ndarray,
                             items: np.ndarray) -> torch.Tensor:
     """Per-item margins (torch, differentiable) for the reads of a batch; ``items`` are the batch's items."""
+    dev = lp.device
     pos = {int(i): k for k, i in enumerate(items)}
-    ri = torch.tensor([pos[int(i)] for i in enc.read_item[reads]])
+    ri = torch.tensor([pos[int(i)] for i in enc.read_item[reads]], device=dev)
     if enc.kind == "em":
-        m = torch.full((len(items),), float("inf"), dtype=gap.dtype)
+        m = torch.full((len(items),), float("inf"), dtype=gap.dtype, device=dev)
         return m.scatter_reduce(0, ri, gap, reduce="amin", include_self=True)
     C = int(enc.n_choices.max())
-    flat = ri * C + torch.tensor(enc.read_choice[reads])
-    scores = torch.zeros(len(items) * C, dtype=lp.dtype).index_add(0, flat, lp).view(len(items), C)
-    valid = torch.arange(C)[None] < torch.tensor(enc.n_choices[items])[:, None]
+    flat = ri * C + torch.tensor(enc.read_choice[reads], device=dev)
+    scores = torch.zeros(len(items) * C, dtype=lp.dtype, device=dev).index_add(0, flat, lp).view(len(items), C)
+    valid = torch.arange(C, device=dev)[None] < torch.tensor(enc.n_choices[items], device=dev)[:, None]
     scores = scores.masked_fill(~valid, float("-inf"))
-    ans = torch.tensor(enc.answers[items])
+    ans = torch.tensor(enc.answers[items], device=dev)
     a = scores.gather(1, ans[:, None])[:, 0]
     others = scores.scatter(1, ans[:, None], float("-inf")).max(dim=1).values
     return a - others
@@ -473,9 +474,9 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
                 att = torch.cat([torch.ones(len(seqs), P, dtype=att.dtype, device=dev), att], dim=1)
             hidden = base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
             reads = np.concatenate([order[bounds[s]:bounds[s + 1]] for s in seqs])
-            rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads])
-            pos = torch.tensor(enc.read_pos[reads] - P)
-            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads]))
+            rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads], device=dev)
+            pos = torch.tensor(enc.read_pos[reads] - P, device=dev)
+            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads], device=dev))
             margins = _differentiable_margins(enc, lp, gap, reads, np.asarray(items))
             (margins.sum() / enc.n_items).backward()
             total += float(margins.sum().detach())
