@@ -1,0 +1,86 @@
+"""Search strategies on synthetic scoring functions with a known best set."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from cel_utils.search import beam, exhaustive, greedy
+
+
+def make_score(n=10, seed=0, planted=(1, 4, 7)):
+    """Additive single effects plus a strong synergy for a planted triple whose members look weak alone."""
+    rng = np.random.default_rng(seed)
+    single = rng.normal(0, 0.1, n)
+    single[list(planted)] = [-0.05, -0.02, -0.04]  # individually useless
+    calls = []
+
+    def score(sets):
+        calls.append(len(sets))
+        out = []
+        for s in sets:
+            v = float(sum(single[h] for h in s))
+            if set(planted) <= set(s):
+                v += 2.0
+            v -= 0.05 * max(0, len(s) - 3) ** 2  # large sets cost
+            out.append(v)
+        return out
+
+    return score, single, calls
+
+
+def brute_force(pool, score, k):
+    sets = [tuple(sorted(c)) for c in itertools.combinations(pool, k)]
+    vals = score(sets)
+    return sets[int(np.argmax(vals))]
+
+
+def test_exhaustive_finds_known_best():
+    score, _, _ = make_score()
+    pool = list(range(10))
+    res = exhaustive(pool, score, max_size=4)
+    assert res.best[3].heads == (1, 4, 7)
+    assert set(res.overall.heads) >= {1, 4, 7}
+    assert res.n_evaluations == sum(len(list(itertools.combinations(pool, k))) for k in range(5))
+    for k in range(5):
+        assert res.best[k].heads == brute_force(pool, score, k)
+
+
+def test_greedy_misses_synergy_and_counts_evaluations():
+    """Greedy adds what helps alone; a synergy among individually useless heads is invisible to it."""
+    score, single, _ = make_score()
+    res = greedy(list(range(10)), score, max_size=4)
+    assert res.overall.heads != (1, 4, 7)
+    assert res.path[0].heads == ()
+    scores = [s.score for s in res.path]
+    assert scores == sorted(scores) and len(set(scores)) == len(scores)  # strictly improving path
+    assert res.n_evaluations <= 1 + 10 + 9 + 8 + 7
+
+
+def test_greedy_finds_additive_optimum():
+    gains = np.array([0.3, -0.2, 0.5, 0.1, -0.4])
+    score = lambda sets: [float(sum(gains[h] for h in s)) for s in sets]  # noqa: E731
+    res = greedy(list(range(5)), score)
+    assert set(res.overall.heads) == {0, 2, 3}
+
+
+def test_beam_between_greedy_and_exhaustive():
+    score, _, _ = make_score()
+    pool = list(range(10))
+    ex = exhaustive(pool, score, max_size=3)
+    b1 = beam(pool, score, width=1, max_size=3)
+    b5 = beam(pool, score, width=5, max_size=3)
+    wide = beam(pool, score, width=45, max_size=3)  # keeps every pair: as good as exhaustive at size 3
+    assert wide.best[3].heads == ex.best[3].heads
+    assert b1.best[3].score <= b5.best[3].score <= wide.best[3].score
+    assert b5.n_evaluations < ex.n_evaluations
+
+
+def test_bad_input():
+    score, _, _ = make_score()
+    with pytest.raises(ValueError):
+        exhaustive([1, 1, 2], score)
+    with pytest.raises(ValueError):
+        beam([1, 2], score, width=0)
+    with pytest.raises(ValueError, match="returned"):
+        exhaustive([1, 2], lambda sets: [0.0])
