@@ -210,6 +210,42 @@ def cmd_screen(args):
     emit(out, args.out)
 
 
+def cmd_search(args):
+    from .ablation import parse_heads
+    from .screening import screen
+    from .search import search_heads
+    from .tasks import load_task
+
+    check_out(args.out)
+    if not 1 <= args.pool <= 12:
+        raise CELError("--pool must be between 1 and 12")
+    if args.max_size < 1 or args.random_sets < 0:
+        raise CELError("--max-size must be at least 1 and --random-sets at least 0")
+    if args.screen:
+        try:
+            with open(args.screen, encoding="utf-8") as f:
+                scr = json.load(f)
+            ranked = sorted(scr["heads"], key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CELError(f"cannot read screen {args.screen}: {e}") from None
+    lm, task = _load(args)
+    if task.split is None:
+        raise CELError("cel search needs a built-in task (search and held-out splits)")
+    held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
+    if not args.screen:
+        tab = screen(lm, task, mode=args.mode, progress=False).table
+        ranked = [{"layer": int(r.layer), "head": int(r.head_index)} for r in
+                  tab.sort_values("delta_margin", ascending=False).itertuples()]
+    pool = parse_heads([(h["layer"], h["head"]) for h in ranked[:args.pool]], lm.n_layers, lm.n_heads)
+    res = search_heads(lm, task, held, pool, strategy=args.strategy, max_size=args.max_size,
+                       random_sets=args.random_sets, mode=args.mode, seed=args.seed)
+    out = _header(lm, task, args)
+    secs = res.pop("search_seconds")
+    out.update(res)
+    out["timing"] = {"seconds": round(secs, 3)}
+    emit(out, args.out)
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     import re
 
@@ -312,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard", type=parse_shard, default=None,
                    help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
     s.set_defaults(fn=cmd_screen)
+
+    se = sub.add_parser("search", help="joint ablation search over the top screened heads")
+    common(se)
+    se.add_argument("--screen", default=None, help="a `cel screen --out` file to take the pool from")
+    se.add_argument("--pool", type=int, default=8, help="top m heads of the screen (m <= 12)")
+    se.add_argument("--max-size", type=int, default=3)
+    se.add_argument("--strategy", default="greedy", choices=["exhaustive", "greedy", "beam"])
+    se.add_argument("--random-sets", type=int, default=100)
+    se.set_defaults(fn=cmd_search)
 
     mg = sub.add_parser("merge", help="combine `cel screen --shard K/N` outputs into one screen")
     mg.add_argument("files", nargs="+")

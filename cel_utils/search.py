@@ -118,3 +118,75 @@ def beam(pool: Sequence[Hashable], score: Scorer, width: int = 4, max_size: int 
         frontier = scored[:width]
         best[k] = frontier[0]
     return SearchResult("beam", best, ev.n)
+
+
+# ---------------------------------------------------------------------------------------------
+# On a real model
+# ---------------------------------------------------------------------------------------------
+def model_scorer(lm, enc, mode: str = "zero", means=None, by: str = "accuracy", tie_break: float = 1e-3,
+                 progress: bool = False):
+    """A batched scorer for the strategies: mean accuracy (plus ``tie_break`` x mean margin) of each head set.
+
+    Accuracy moves in steps of 1/n; the small margin term orders sets with equal accuracy.
+    """
+    from .screening import evaluate_head_sets
+
+    def score(sets):
+        res = evaluate_head_sets(lm, enc, [list(s) for s in sets], mode=mode, means=means, progress=progress,
+                                 desc=f"evaluating {len(sets)} head sets")
+        if by == "margin":
+            return list(res.mean_margin)
+        return list(res.accuracy + tie_break * res.mean_margin)
+
+    return score
+
+
+def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", max_size: int = 3, width: int = 4,
+                 random_sets: int = 100, mode: str = "zero", seed: int = 0, n_boot: int = 2000) -> dict:
+    """Search on one split, report every best-per-size set on held-out items with a paired bootstrap CI,
+    and the same for ``random_sets`` random head sets of each size drawn from all heads (the control)."""
+    import time
+
+    import numpy as np
+
+    from .ablation import all_heads, format_heads
+    from .scoring import encode_task
+    from .screening import evaluate_head_sets
+    from .stats import paired_bootstrap_many
+
+    strategies = {"exhaustive": lambda p, s: exhaustive(p, s, max_size),
+                  "greedy": lambda p, s: greedy(p, s, max_size),
+                  "beam": lambda p, s: beam(p, s, width, max_size)}
+    if strategy not in strategies:
+        from .errors import CELError
+
+        raise CELError(f"unknown strategy {strategy!r}; use exhaustive, greedy or beam")
+    enc_s, enc_h = encode_task(lm, search_task), encode_task(lm, heldout_task)
+    t0 = time.perf_counter()
+    res = strategies[strategy](list(pool), model_scorer(lm, enc_s, mode=mode))
+    secs = time.perf_counter() - t0
+    sizes = sorted(k for k in res.best if k > 0)
+    best_sets = [list(res.best[k].heads) for k in sizes]
+    s_res = evaluate_head_sets(lm, enc_s, [[]] + best_sets, mode=mode, progress=False)
+    h_res = evaluate_head_sets(lm, enc_h, [[]] + best_sets, mode=mode, progress=False)
+    ci = paired_bootstrap_many(h_res.correct[0].astype(float), h_res.correct[1:].astype(float), n_boot=n_boot,
+                               seed=seed)
+    rng = np.random.default_rng(seed)
+    everything = all_heads(lm)
+    controls = []
+    for k in sizes:
+        sets = [[everything[i] for i in rng.choice(len(everything), k, replace=False)] for _ in range(random_sets)]
+        r = evaluate_head_sets(lm, enc_h, [[]] + sets, mode=mode, progress=False)
+        controls.append({"size": k, "heldout_delta_accuracy": [float(x) for x in r.accuracy[1:] - r.accuracy[0]]})
+    best = []
+    for j, k in enumerate(sizes):
+        best.append({"size": k, "heads": format_heads(best_sets[j]).split(","),
+                     "search": {"accuracy": float(s_res.accuracy[j + 1]), "mean_margin": float(s_res.mean_margin[j + 1]),
+                                "delta_accuracy": float(s_res.accuracy[j + 1] - s_res.accuracy[0])},
+                     "heldout": {"accuracy": float(h_res.accuracy[j + 1]), "mean_margin": float(h_res.mean_margin[j + 1]),
+                                 "delta_accuracy": float(ci["delta"][j]), "ci_low": float(ci["ci_low"][j]),
+                                 "ci_high": float(ci["ci_high"][j])}})
+    return {"strategy": strategy, "pool": format_heads(pool).split(","), "n_evaluations": res.n_evaluations,
+            "search_seconds": secs, "baseline": {"search_accuracy": float(s_res.accuracy[0]),
+                                                 "heldout_accuracy": float(h_res.accuracy[0])},
+            "best": best, "random_control": controls}

@@ -84,3 +84,25 @@ def test_bad_input():
         beam([1, 2], score, width=0)
     with pytest.raises(ValueError, match="returned"):
         exhaustive([1, 2], lambda sets: [0.0])
+
+
+def test_cel_search_json(tmp_path):
+    import json
+
+    from cel_utils.cli import main
+    from tiny import save_tiny
+
+    d = save_tiny(tmp_path / "m", "llama")
+    scr = tmp_path / "screen.json"
+    assert main(["screen", "--model", d, "--task", "agreement", "--n", "12", "--quiet", "--out", str(scr)]) == 0
+    out = tmp_path / "search.json"
+    assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(scr), "--pool", "4",
+                 "--max-size", "2", "--strategy", "exhaustive", "--random-sets", "5", "--out", str(out)]) == 0
+    j = json.loads(out.read_text())
+    assert j["strategy"] == "exhaustive" and j["n_evaluations"] == 1 + 4 + 6
+    assert [b["size"] for b in j["best"]] == [1, 2]
+    for b in j["best"]:
+        assert set(b["heads"]) <= set(j["pool"])
+        h = b["heldout"]
+        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+    assert [len(c["heldout_delta_accuracy"]) for c in j["random_control"]] == [5, 5]
