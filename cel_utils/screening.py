@@ -80,6 +80,23 @@ def _cache_kw(base) -> str:
     return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
+def _prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.Tensor, repeat: int):
+    """Run the shared prefix ``prefix_ids [k, P]`` once, then give the body pass its keys/values.
+
+    Each prefix row is repeated ``repeat`` times (rows of the body are [prefix row, sequence]). Returns the
+    body's attention mask (prefix + suffix) and the keyword arguments for ``base(input_ids=ids, ...)``.
+    """
+    P = prefix_ids.shape[1]
+    out = base(input_ids=prefix_ids, use_cache=True)
+    pkv = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    pkv.batch_repeat_interleave(repeat)
+    dev = ids.device
+    att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
+    kw = {_cache_kw(base): pkv, "use_cache": True,
+          "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)}
+    return att, kw
+
+
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = 8192, progress: bool = True,
                        desc: str = "evaluating head sets", share_prefix: bool = True,
@@ -148,7 +165,6 @@ def _evaluate_head_sets(lm, enc: EncodedTask, head_sets, mode, means, max_tokens
     layers = _layer_list(lm)
     originals = list(layers)
     base = lm.model.base_model
-    cache_kw = _cache_kw(base)
     ablator = HeadAblator(lm, mode=mode, means=means).attach()
     captured: list = [None] * lm.n_layers
     dev = lm.device
@@ -164,18 +180,10 @@ def _evaluate_head_sets(lm, enc: EncodedTask, head_sets, mode, means, max_tokens
 
         Layers below ``stub_below`` are skipped in the body pass: the last of them returns ``stub_out``.
         """
-        kw = {}
+        kw = {"use_cache": False}
         if P:
             ablator.set_masks(prefix_masks)
-            out = base(input_ids=prefix_ids.repeat(k, 1), use_cache=True)
-            pkv = out.cache if hasattr(out, "cache") and out.cache is not None else out.past_key_values
-            pkv.batch_repeat_interleave(B)
-            kw[cache_kw] = pkv
-            kw["use_cache"] = True
-            att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
-            kw["position_ids"] = (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)
-        else:
-            kw["use_cache"] = False
+            att, kw = _prefix_kwargs(base, prefix_ids.repeat(k, 1), ids, att, B)
         ablator.set_masks(body_masks)
         try:
             for j in range(stub_below):
@@ -438,8 +446,9 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
     seqs_of_item: dict[int, set] = {}
     for r in range(enc.n_reads):
         seqs_of_item.setdefault(int(enc.read_item[r]), set()).add(int(enc.read_seq[r]))
-    P0 = len(common_prefix(enc)) if share_prefix else 0
-    lengths = [len(x) - P0 for x in enc.inputs]
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    lengths = [len(x) - P for x in enc.inputs]
     batches, cur, cur_tok = [], [], 0
     for i in range(enc.n_items):
         s = sorted(seqs_of_item[i])
@@ -454,9 +463,6 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
     total = 0.0
     was_training = lm.model.training
     base = lm.model.base_model
-    prefix = common_prefix(enc) if share_prefix else []
-    P = len(prefix)
-    cache_kw = _cache_kw(base)
     dev = lm.device
     try:
         for items in tqdm(batches, desc="gradient screen", disable=not progress, leave=False):
@@ -466,12 +472,7 @@ def gradient_screen(lm, task, mode: str = "zero", means=None, max_tokens: int = 
             ids, att = ids.to(dev), att.to(dev)
             kw = {"use_cache": False}
             if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
-                out = base(input_ids=torch.tensor([prefix], device=dev), use_cache=True)
-                pkv = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
-                pkv.batch_repeat_interleave(len(seqs))
-                kw = {cache_kw: pkv, "use_cache": True,
-                      "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(len(seqs), -1)}
-                att = torch.cat([torch.ones(len(seqs), P, dtype=att.dtype, device=dev), att], dim=1)
+                att, kw = _prefix_kwargs(base, torch.tensor([prefix], device=dev), ids, att, len(seqs))
             hidden = base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
             reads = np.concatenate([order[bounds[s]:bounds[s + 1]] for s in seqs])
             rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads], device=dev)
