@@ -46,13 +46,16 @@ def encoded_hash(enc) -> str:
 
 
 _CODE: list[str] = []
+NUMERIC_SOURCES = ("models.py", "ablation.py", "scoring.py", "screening.py", "cache.py")
 
 
 def code_hash() -> str:
-    """Hash of the package's source: any change to the code invalidates the cache, not only a version bump."""
+    """Hash of the source the cached numbers depend on (models, ablation, scoring, screening, this module):
+    any change there invalidates the cache, not only a version bump. Editing plots, search or the CLI does not."""
     if not _CODE:
         h = hashlib.sha256()
-        for f in sorted(Path(__file__).parent.glob("*.py")):
+        here = Path(__file__).parent
+        for f in sorted(here / n for n in NUMERIC_SOURCES):
             h.update(f.name.encode())
             h.update(f.read_bytes())
         _CODE.append(h.hexdigest()[:16])

@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import itertools
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
@@ -147,7 +149,6 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     and the same for ``random_sets`` random head sets of each size drawn from all heads (the control)."""
     import time
 
-    import numpy as np
 
     from .ablation import all_heads, format_heads
     from .scoring import encode_task
@@ -167,14 +168,16 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     secs = time.perf_counter() - t0
     sizes = sorted(k for k in res.best if k > 0)
     best_sets = [list(res.best[k].heads) for k in sizes]
-    s_res = evaluate_head_sets(lm, enc_s, [[]] + best_sets, mode=mode, progress=False)
+    members = sorted({h for hs in best_sets for h in hs})
+    s_res = evaluate_head_sets(lm, enc_s, [[]] + best_sets + [[h] for h in members], mode=mode, progress=False)
+    single = {h: float(s_res.accuracy[1 + len(best_sets) + i] - s_res.accuracy[0]) for i, h in enumerate(members)}
     h_res = evaluate_head_sets(lm, enc_h, [[]] + best_sets, mode=mode, progress=False)
     ci = paired_bootstrap_many(h_res.correct[0].astype(float), h_res.correct[1:].astype(float), n_boot=n_boot,
                                seed=seed)
     rng = np.random.default_rng(seed)
     everything = all_heads(lm)
     controls = []
-    for k in sizes:
+    for k in sizes if random_sets > 0 else []:
         sets = [[everything[i] for i in rng.choice(len(everything), k, replace=False)] for _ in range(random_sets)]
         r = evaluate_head_sets(lm, enc_h, [[]] + sets, mode=mode, progress=False)
         controls.append({"size": k, "heldout_delta_accuracy": [float(x) for x in r.accuracy[1:] - r.accuracy[0]]})
@@ -182,11 +185,198 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     for j, k in enumerate(sizes):
         best.append({"size": k, "heads": format_heads(best_sets[j]).split(","),
                      "search": {"accuracy": float(s_res.accuracy[j + 1]), "mean_margin": float(s_res.mean_margin[j + 1]),
-                                "delta_accuracy": float(s_res.accuracy[j + 1] - s_res.accuracy[0])},
+                                "delta_accuracy": float(s_res.accuracy[j + 1] - s_res.accuracy[0]),
+                                "sum_of_singles_delta_accuracy": sum(single[h] for h in best_sets[j]),
+                                "interaction": float(s_res.accuracy[j + 1] - s_res.accuracy[0])
+                                - sum(single[h] for h in best_sets[j])},
                      "heldout": {"accuracy": float(h_res.accuracy[j + 1]), "mean_margin": float(h_res.mean_margin[j + 1]),
                                  "delta_accuracy": float(ci["delta"][j]), "ci_low": float(ci["ci_low"][j]),
                                  "ci_high": float(ci["ci_high"][j])}})
+        ctrl = controls[j]["heldout_delta_accuracy"] if random_sets > 0 else []
+        best[-1]["heldout"]["random_percentile"] = (
+            float(np.mean(np.asarray(ctrl) < ci["delta"][j]) * 100) if ctrl else None)
     return {"strategy": strategy, "pool": format_heads(pool).split(","), "n_evaluations": res.n_evaluations,
             "search_seconds": secs, "baseline": {"search_accuracy": float(s_res.accuracy[0]),
                                                  "heldout_accuracy": float(h_res.accuracy[0])},
             "best": best, "random_control": controls}
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2: every subset of a small pool, strategies on top of it, controls, cross-task cost
+# ---------------------------------------------------------------------------------------------
+def subset_masks(m: int) -> list[int]:
+    """Bitmasks of all subsets of a pool of ``m`` heads, ordered by size then mask (bit i = pool[i])."""
+    return sorted(range(2 ** m), key=lambda s: (bin(s).count("1"), s))
+
+
+def _heads_of(mask: int, pool) -> tuple:
+    return tuple(sorted(pool[i] for i in range(len(pool)) if mask >> i & 1))
+
+
+@dataclass
+class JointSearch:
+    """Every subset of a candidate pool evaluated on both splits, and what the strategies find in it.
+
+    ``subsets``: one row per subset (``mask``, ``heads``, ``size``, search and held-out accuracy / margin and
+    their changes against the unablated model, ``sum_of_singles`` and ``interaction`` on the search split).
+    ``strategies``: per strategy, the best set per size it finds on the search split and its evaluation count.
+    ``best``: the best-by-search set of each size (exhaustive) with a held-out paired-bootstrap 95% CI.
+    ``random_control``: held-out accuracy change of random head sets of each reported size, from all heads.
+    """
+
+    model: str
+    task: str
+    pool: list
+    subsets: "object"  # pandas.DataFrame
+    heldout_correct: np.ndarray  # [2^m, n_heldout] per-item correctness, rows in ``subsets`` order
+    strategies: "object"  # pandas.DataFrame
+    best: "object"  # pandas.DataFrame
+    random_control: "object"  # pandas.DataFrame
+    seconds_per_evaluation: float
+    n_search: int
+    n_heldout: int
+
+    def smallest_helpful(self):
+        """The smallest best-by-search set whose held-out CI lies above zero, or None (an honest 'none')."""
+        ok = self.best[(self.best["size"] > 0) & (self.best["ci_low"] > 0)]
+        return None if ok.empty else ok.iloc[0]
+
+    def explorer_data(self) -> dict:
+        """What the kernel-free explorer needs: pool names and, per subset mask, the exact figures."""
+        from .ablation import head_name
+
+        rows = {}
+        for r in self.subsets.itertuples():
+            rows[int(r.mask)] = [round(float(r.search_accuracy), 4), round(float(r.heldout_accuracy), 4),
+                                 round(float(r.search_margin), 4), round(float(r.heldout_margin), 4)]
+        return {"model": self.model, "task": self.task, "pool": [head_name(h) for h in self.pool],
+                "n_search": self.n_search, "n_heldout": self.n_heldout, "subsets": rows}
+
+
+def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_width: int = 3,
+                 random_sets: int = 100, mode: str = "zero", seed: int = 0, n_boot: int = 2000,
+                 progress: bool = True) -> JointSearch:
+    """Evaluate every subset of ``pool`` (m <= 10) on the search and held-out splits, then run the strategies.
+
+    The strategies (exhaustive up to ``max_size``, greedy, beam) run on the search-split figures of the sweep:
+    the model is deterministic, so looking a set up is the same as evaluating it, and each strategy's cost is
+    its evaluation count (x the measured seconds per evaluation). Held-out figures are never used to choose.
+
+    Example (tiny random model, so the numbers mean nothing):
+        >>> from cel_utils.search import joint_search   # doctest: +SKIP
+        >>> js = joint_search(lm, load_task("ioi", n=20), load_task("ioi", "heldout", n=20), [(0, 1), (1, 0)])  # doctest: +SKIP
+        >>> len(js.subsets)   # doctest: +SKIP
+        4
+    """
+    import time
+
+    import pandas as pd
+
+    from .ablation import all_heads, head_name
+    from .scoring import encode_task
+    from .screening import evaluate_head_sets
+    from .stats import paired_bootstrap_many
+
+    pool = [tuple(h) for h in pool]
+    m = len(pool)
+    if not 1 <= m <= 10:
+        raise ValueError(f"the pool must hold 1 to 10 heads (2^m subsets), got {m}")
+    if len(set(pool)) != m:
+        raise ValueError("the candidate pool has duplicates")
+    max_size = min(max_size, m)
+    enc_s, enc_h = encode_task(lm, search_task), encode_task(lm, heldout_task)
+    masks = subset_masks(m)
+    sets = [_heads_of(s, pool) for s in masks]
+    t0 = time.perf_counter()
+    rs = evaluate_head_sets(lm, enc_s, [list(s) for s in sets], mode=mode, progress=progress,
+                            desc=f"{len(sets)} subsets, search split")
+    rh = evaluate_head_sets(lm, enc_h, [list(s) for s in sets], mode=mode, progress=progress,
+                            desc=f"{len(sets)} subsets, held-out split")
+    per_eval = (time.perf_counter() - t0) / (2 * len(sets))
+    tab = pd.DataFrame({"mask": masks, "heads": [",".join(head_name(h) for h in s) for s in sets],
+                        "size": [len(s) for s in sets],
+                        "search_accuracy": rs.accuracy, "search_margin": rs.mean_margin,
+                        "heldout_accuracy": rh.accuracy, "heldout_margin": rh.mean_margin})
+    for split in ("search", "heldout"):
+        tab[f"{split}_delta_accuracy"] = tab[f"{split}_accuracy"] - tab[f"{split}_accuracy"].iloc[0]
+        tab[f"{split}_delta_margin"] = tab[f"{split}_margin"] - tab[f"{split}_margin"].iloc[0]
+    single = {int(r.mask): r.search_delta_accuracy for r in tab[tab["size"] == 1].itertuples()}
+    tab["sum_of_singles"] = [sum(single[1 << i] for i in range(m) if s >> i & 1) for s in masks]
+    tab["interaction"] = tab["search_delta_accuracy"] - tab["sum_of_singles"]
+
+    # strategies on the search-split figures (accuracy, margin as tie-break)
+    score_of = dict(zip(sets, rs.accuracy + 1e-3 * rs.mean_margin))
+    scorer = lambda ss: [score_of[tuple(sorted(s))] for s in ss]  # noqa: E731
+    runs = {"exhaustive": exhaustive(pool, scorer, max_size), "greedy": greedy(pool, scorer, max_size),
+            "beam": beam(pool, scorer, beam_width, max_size)}
+    row_of = {s: i for i, s in enumerate(sets)}
+    strat = []
+    for name, res in runs.items():
+        for k, sc in sorted(res.best.items()):
+            if k == 0:
+                continue
+            i = row_of[tuple(sorted(sc.heads))]
+            strat.append({"strategy": name, "size": k, "heads": tab["heads"].iloc[i],
+                          "search_delta_accuracy": tab["search_delta_accuracy"].iloc[i],
+                          "heldout_delta_accuracy": tab["heldout_delta_accuracy"].iloc[i],
+                          "n_evaluations": res.n_evaluations,
+                          "est_seconds": res.n_evaluations * per_eval})
+    strategies = pd.DataFrame(strat)
+
+    # best set per size (exhaustive over the whole pool), held-out CI
+    best_rows = [0] + [row_of[tuple(sorted(runs["exhaustive"].best[k].heads))] for k in range(1, max_size + 1)]
+    ci = paired_bootstrap_many(rh.correct[0].astype(float), rh.correct[best_rows].astype(float), n_boot=n_boot,
+                               seed=seed)
+    best = tab.iloc[best_rows][["heads", "size", "search_accuracy", "search_delta_accuracy", "heldout_accuracy",
+                                "heldout_delta_accuracy", "interaction"]].reset_index(drop=True)
+    best["ci_low"], best["ci_high"] = ci["ci_low"], ci["ci_high"]
+
+    # random control: held-out change of random sets of each reported size, drawn from all heads
+    rng = np.random.default_rng(seed)
+    everything = all_heads(lm)
+    ctrl = []
+    if random_sets > 0:
+        rsets = [(k, [everything[i] for i in rng.choice(len(everything), k, replace=False)])
+                 for k in range(1, max_size + 1) for _ in range(random_sets)]
+        rr = evaluate_head_sets(lm, enc_h, [[]] + [s for _, s in rsets], mode=mode, progress=progress,
+                                desc=f"{len(rsets)} random sets, held-out split")
+        for j, (k, s) in enumerate(rsets):
+            ctrl.append({"size": k, "heads": ",".join(head_name(h) for h in s),
+                         "heldout_delta_accuracy": float(rr.accuracy[j + 1] - rr.accuracy[0])})
+    random_control = pd.DataFrame(ctrl, columns=["size", "heads", "heldout_delta_accuracy"])
+    pct = []
+    for r in best.itertuples():
+        d = random_control[random_control["size"] == r.size]["heldout_delta_accuracy"].to_numpy()
+        pct.append(float((d < r.heldout_delta_accuracy).mean() * 100) if len(d) else float("nan"))
+    best["random_percentile"] = pct
+    return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab,
+                       heldout_correct=rh.correct, strategies=strategies, best=best,
+                       random_control=random_control, seconds_per_evaluation=per_eval,
+                       n_search=enc_s.n_items, n_heldout=enc_h.n_items)
+
+
+def cross_task(lm, head_sets: dict, tasks: dict, mode: str = "zero", n_boot: int = 2000, seed: int = 0,
+               progress: bool = False):
+    """Each named head set evaluated on every task: a tidy table (set, task, baseline, accuracy, change, CI).
+
+    Example:
+        >>> cross_task(lm, {"best for addition": [(13, 0)]}, {"addition": task_a, "ioi": task_b})  # doctest: +SKIP
+    """
+    import pandas as pd
+
+    from .scoring import encode_task
+    from .screening import evaluate_head_sets
+    from .stats import paired_bootstrap_many
+
+    names = list(head_sets)
+    rows = []
+    for tname, task in tasks.items():
+        enc = encode_task(lm, task)
+        r = evaluate_head_sets(lm, enc, [[]] + [list(head_sets[n]) for n in names], mode=mode, progress=progress)
+        ci = paired_bootstrap_many(r.correct[0].astype(float), r.correct[1:].astype(float), n_boot=n_boot, seed=seed)
+        for j, n in enumerate(names):
+            rows.append({"set": n, "task": tname, "baseline": float(r.accuracy[0]),
+                         "accuracy": float(r.accuracy[j + 1]), "delta_accuracy": float(ci["delta"][j]),
+                         "ci_low": float(ci["ci_low"][j]), "ci_high": float(ci["ci_high"][j]),
+                         "delta_margin": float(r.mean_margin[j + 1] - r.mean_margin[0])})
+    return pd.DataFrame(rows)

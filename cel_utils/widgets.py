@@ -109,3 +109,103 @@ def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_
     run()
     display(box)
     return box
+
+
+_EXPLORER_CSS = """
+.cel-explorer{border:1px solid #ccd;border-radius:6px;padding:10px 14px;margin:10px 0;font-size:14px;max-width:640px}
+.cel-explorer .cel-exp-title{font-weight:600;margin-bottom:6px}
+.cel-explorer button{margin:2px;padding:3px 9px;border:1px solid #889;border-radius:4px;background:#fff;
+ cursor:pointer;font-family:monospace}
+.cel-explorer button[aria-pressed=true]{background:#c0392b;color:#fff;border-color:#c0392b}
+.cel-explorer table{border-collapse:collapse;margin-top:8px}
+.cel-explorer td,.cel-explorer th{padding:3px 10px;text-align:right;border-bottom:1px solid #eee}
+.cel-explorer td:first-child,.cel-explorer th:first-child{text-align:left}
+.cel-explorer .up{color:#1e8449;font-weight:600}.cel-explorer .down{color:#c0392b;font-weight:600}
+.cel-explorer .cel-exp-note{color:#555;font-size:12px;margin-top:6px}
+"""
+
+_EXPLORER_JS = """
+(function(){
+  var D = %(data)s;
+  var root = document.getElementById(%(id)s);
+  if (!root) return;
+  var bits = 0;
+  function fmt(x, d){ return (x >= 0 && d ? "+" : "") + x.toFixed(3); }
+  function cls(x){ return x > 1e-9 ? "up" : (x < -1e-9 ? "down" : ""); }
+  function render(){
+    var r = D.subsets[bits], b = D.subsets[0];
+    var cells = {sa: r[0], ha: r[1], sm: r[2], hm: r[3]};
+    var base = {sa: b[0], ha: b[1], sm: b[2], hm: b[3]};
+    for (var k in cells){
+      root.querySelector("." + k).textContent = fmt(cells[k], false);
+      var d = root.querySelector("." + k + "d");
+      d.textContent = fmt(cells[k] - base[k], true);
+      d.className = k + "d " + cls(cells[k] - base[k]);
+    }
+    var names = [];
+    root.querySelectorAll("button[data-bit]").forEach(function(btn){
+      var on = (bits >> Number(btn.dataset.bit)) & 1;
+      btn.setAttribute("aria-pressed", on ? "true" : "false");
+      if (on) names.push(btn.textContent);
+    });
+    root.querySelector(".cel-exp-set").textContent = names.length ? names.join(", ") : "(none: the unablated model)";
+    root.dataset.mask = String(bits);
+  }
+  root.querySelectorAll("button[data-bit]").forEach(function(btn){
+    btn.addEventListener("click", function(){ bits ^= (1 << Number(btn.dataset.bit)); render(); });
+  });
+  root.querySelector("button.cel-exp-clear").addEventListener("click", function(){ bits = 0; render(); });
+  render();
+})();
+"""
+
+
+def subset_explorer_html(data: dict) -> str:
+    """Self-contained HTML + JS: toggle pool heads and read the exact precomputed figures of that subset.
+
+    ``data`` is :meth:`cel_utils.search.JointSearch.explorer_data` (pool names; per subset bitmask:
+    search accuracy, held-out accuracy, search margin, held-out margin). Works with no kernel and no network.
+
+    Example:
+        >>> d = {"model": "m", "task": "t", "pool": ["L0H1"], "n_search": 2, "n_heldout": 2,
+        ...      "subsets": {0: [0.5, 0.5, 0.1, 0.2], 1: [1.0, 0.5, 0.3, 0.1]}}
+        >>> html = subset_explorer_html(d)
+        >>> 'data-bit="0"' in html and "L0H1" in html
+        True
+    """
+    import hashlib
+    import html as H
+    import json
+
+    m = len(data["pool"])
+    if sorted(int(k) for k in data["subsets"]) != list(range(2 ** m)):
+        raise ValueError(f"the explorer needs all {2 ** m} subsets of the pool")
+    blob = json.dumps({"pool": data["pool"], "subsets": {str(int(k)): v for k, v in data["subsets"].items()}},
+                      sort_keys=True)
+    uid = "cel-exp-" + hashlib.sha1((data["model"] + data["task"] + blob).encode()).hexdigest()[:10]
+    buttons = "".join(f'<button type="button" data-bit="{i}" aria-pressed="false">{H.escape(n)}</button>'
+                      for i, n in enumerate(data["pool"]))
+    title = f'{H.escape(data["model"])} &middot; {H.escape(data["task"])}: click heads to ablate them together'
+    return (f"<style>{_EXPLORER_CSS}</style>"
+            f'<div class="cel-explorer" id="{uid}" data-mask="0">'
+            f'<div class="cel-exp-title">{title}</div>'
+            f'<div class="cel-exp-buttons">{buttons}'
+            f'<button type="button" class="cel-exp-clear">clear</button></div>'
+            f'<div>ablated: <span class="cel-exp-set"></span></div>'
+            f'<table><tr><th></th><th>search (n={data["n_search"]})</th><th>change</th>'
+            f'<th>held-out (n={data["n_heldout"]})</th><th>change</th></tr>'
+            f'<tr><td>accuracy</td><td class="sa"></td><td class="sad"></td><td class="ha"></td><td class="had"></td></tr>'
+            f'<tr><td>mean margin</td><td class="sm"></td><td class="smd"></td><td class="hm"></td><td class="hmd"></td></tr>'
+            f"</table>"
+            f'<div class="cel-exp-note">Every one of the {2 ** m} subsets of these {m} heads was evaluated on the real '
+            f"model when the book was built; the page looks the figures up, no kernel needed. Choose sets on the "
+            f"search split; the held-out column is the honest one.</div></div>"
+            f"<script>{_EXPLORER_JS % {'data': blob, 'id': json.dumps(uid)}}</script>")
+
+
+def subset_explorer(js):
+    """Display the kernel-free subset explorer for a :class:`cel_utils.search.JointSearch` (or its data)."""
+    from IPython.display import HTML
+
+    data = js.explorer_data() if hasattr(js, "explorer_data") else js
+    return HTML(subset_explorer_html(data))

@@ -105,4 +105,81 @@ def test_cel_search_json(tmp_path):
         assert set(b["heads"]) <= set(j["pool"])
         h = b["heldout"]
         assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+        assert 0 <= h["random_percentile"] <= 100
+        s = b["search"]
+        assert s["interaction"] == pytest.approx(s["delta_accuracy"] - s["sum_of_singles_delta_accuracy"])
     assert [len(c["heldout_delta_accuracy"]) for c in j["random_control"]] == [5, 5]
+
+
+def test_joint_search_on_tiny_model(tiny_llama):
+    """Every subset is evaluated; the table agrees with direct evaluation; strategies and controls are consistent."""
+    from cel_utils.ablation import parse_heads
+    from cel_utils.scoring import encode_task
+    from cel_utils.screening import evaluate_head_sets
+    from cel_utils.search import joint_search
+    from cel_utils.tasks import load_task
+
+    lm = tiny_llama
+    s, h = load_task("agreement", "search", n=16), load_task("agreement", "heldout", n=16)
+    pool = parse_heads("L0H0,L0H3,L1H1,L1H2", lm.n_layers, lm.n_heads)
+    js = joint_search(lm, s, h, pool, max_size=3, random_sets=7, progress=False, n_boot=300)
+    t = js.subsets
+    assert len(t) == 16 and t["size"].tolist() == sorted(t["size"]) and t["mask"].iloc[0] == 0
+    assert t["search_delta_accuracy"].iloc[0] == 0 and t["heldout_delta_accuracy"].iloc[0] == 0
+    singles = t[t["size"] == 1]
+    assert np.allclose(singles["interaction"], 0)
+    # a row of the table equals a direct evaluation of that set
+    row = t[t["mask"] == 0b1011].iloc[0]
+    direct = evaluate_head_sets(lm, encode_task(lm, h), [[pool[0], pool[1], pool[3]]], progress=False, use_cache=False)
+    assert row["heads"] == "L0H0,L0H3,L1H2"
+    assert row["heldout_accuracy"] == pytest.approx(direct.accuracy[0])
+    assert row["heldout_margin"] == pytest.approx(direct.mean_margin[0], abs=1e-4)
+    # exhaustive best per size is the table's best per size (search accuracy, margin tie-break)
+    key = t["search_accuracy"] + 1e-3 * t["search_margin"]
+    for k in (1, 2, 3):
+        i = key[t["size"] == k].idxmax()
+        ex = js.strategies[(js.strategies.strategy == "exhaustive") & (js.strategies["size"] == k)]
+        assert ex["heads"].iloc[0] == t["heads"].loc[i]
+    ev = js.strategies.groupby("strategy")["n_evaluations"].first()
+    assert ev["exhaustive"] == 1 + 4 + 6 + 4 and ev["greedy"] <= ev["exhaustive"]
+    b = js.best
+    assert b["size"].tolist() == [0, 1, 2, 3]
+    assert ((b.ci_low <= b.heldout_delta_accuracy + 1e-9) & (b.heldout_delta_accuracy <= b.ci_high + 1e-9)).all()
+    assert js.random_control.groupby("size").size().tolist() == [7, 7, 7]
+    assert b["random_percentile"].iloc[1:].between(0, 100).all()
+    data = js.explorer_data()
+    assert data["pool"] == ["L0H0", "L0H3", "L1H1", "L1H2"] and len(data["subsets"]) == 16
+
+
+def test_joint_search_rejects_bad_pools(tiny_llama):
+    from cel_utils.search import joint_search
+    from cel_utils.tasks import load_task
+
+    s = load_task("agreement", n=4)
+    with pytest.raises(ValueError, match="1 to 10"):
+        joint_search(tiny_llama, s, s, [])
+    with pytest.raises(ValueError, match="duplicates"):
+        joint_search(tiny_llama, s, s, [(0, 1), (0, 1)])
+
+
+def test_cross_task_table(tiny_llama):
+    from cel_utils.search import cross_task
+    from cel_utils.tasks import load_task
+
+    tasks = {"agreement": load_task("agreement", n=8), "ioi": load_task("ioi", n=8)}
+    df = cross_task(tiny_llama, {"none": [], "a": [(0, 1)]}, tasks, n_boot=200)
+    assert len(df) == 4 and set(df["task"]) == {"agreement", "ioi"}
+    none = df[df["set"] == "none"]
+    assert (none["delta_accuracy"] == 0).all() and (none["accuracy"] == none["baseline"]).all()
+
+
+def test_subset_explorer_needs_every_subset():
+    from cel_utils.widgets import subset_explorer_html
+
+    d = {"model": "m", "task": "t", "pool": ["L0H1", "L2H3"], "n_search": 2, "n_heldout": 2,
+         "subsets": {0: [0, 0, 0, 0], 1: [1, 1, 1, 1], 2: [0, 1, 0, 1]}}
+    with pytest.raises(ValueError, match="all 4 subsets"):
+        subset_explorer_html(d)
+    d["subsets"][3] = [1, 0, 1, 0]
+    html = subset_explorer_html(d)
+    assert html.count("data-bit=") == 2 and html == subset_explorer_html(d)  # deterministic ids
