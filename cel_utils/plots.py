@@ -177,3 +177,146 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = 
     fig.update_layout(title=title or f"{value} by initialisation scale and number of heads",
                       xaxis_title="initialisation scale sigma", yaxis_title="heads", height=320)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2: joint search
+# ---------------------------------------------------------------------------------------------
+def search_trajectory(js, title: str | None = None) -> go.Figure:
+    """Accuracy of the best-by-search set of each size (exhaustive over the pool), search and held-out,
+    with the held-out 95% CI where it was computed and the greedy path marked."""
+    t = js.subsets
+    key = t["search_accuracy"] + 1e-3 * t["search_margin"]
+    best = t.loc[key.groupby(t["size"]).idxmax()].sort_values("size")
+    fig = go.Figure()
+    fig.add_scatter(x=best["size"], y=best["search_accuracy"], mode="lines+markers", name="search split",
+                    text=best["heads"], hovertemplate="%{text}<br>size %{x}: %{y:.3f}<extra>search</extra>")
+    b = js.best.set_index("size")
+    base = float(t["heldout_accuracy"].iloc[0])
+    err = [b["ci_high"].get(k, np.nan) + base - a if k in b.index else 0 for k, a in
+           zip(best["size"], best["heldout_accuracy"])]
+    err_m = [a - (b["ci_low"].get(k, np.nan) + base) if k in b.index else 0 for k, a in
+             zip(best["size"], best["heldout_accuracy"])]
+    fig.add_scatter(x=best["size"], y=best["heldout_accuracy"], mode="lines+markers", name="held-out",
+                    text=best["heads"], error_y=dict(type="data", array=err, arrayminus=err_m, visible=True),
+                    hovertemplate="%{text}<br>size %{x}: %{y:.3f}<extra>held-out</extra>")
+    g = js.strategies[js.strategies.strategy == "greedy"]
+    if len(g):
+        gy = [float(t.loc[t["heads"] == h, "search_accuracy"].iloc[0]) for h in g["heads"]]
+        fig.add_scatter(x=g["size"], y=gy, mode="markers", name="greedy's pick (search)",
+                        marker=dict(symbol="x", size=10), text=g["heads"],
+                        hovertemplate="%{text}<extra>greedy</extra>")
+    fig.update_layout(title=title or f"{js.model} · {js.task}: best set of each size",
+                      xaxis_title="heads ablated together", yaxis_title="accuracy", height=380)
+    return fig
+
+
+def random_control(js, title: str | None = None) -> go.Figure:
+    """Held-out change of random head sets of each size (from all heads), with the found set marked."""
+    rc = js.random_control
+    sizes = sorted(rc["size"].unique())
+    fig = go.Figure()
+    for k in sizes:
+        fig.add_box(x=[f"size {k}"] * int((rc["size"] == k).sum()), y=rc[rc["size"] == k]["heldout_delta_accuracy"],
+                    name=f"random, size {k}", boxpoints="all", jitter=0.5, pointpos=0, marker=dict(size=4),
+                    line=dict(color="#999"), fillcolor="rgba(0,0,0,0)", text=rc[rc["size"] == k]["heads"],
+                    showlegend=False, hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+    b = js.best[js.best["size"].isin(sizes)]
+    fig.add_scatter(x=[f"size {k}" for k in b["size"]], y=b["heldout_delta_accuracy"], mode="markers",
+                    marker=dict(symbol="star", size=16, color="#c0392b"), name="found set (held-out)",
+                    text=[f"{h}<br>percentile {p:.0f}" for h, p in zip(b["heads"], b["random_percentile"])],
+                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+    fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
+    fig.update_layout(title=title or f"{js.model} · {js.task}: found sets vs random sets (held-out)",
+                      yaxis_title="change in held-out accuracy", height=380)
+    return fig
+
+
+def interaction(js, title: str | None = None) -> go.Figure:
+    """Joint effect of each subset (search split) against the sum of its members' single effects."""
+    t = js.subsets[js.subsets["size"] >= 2]
+    fig = go.Figure()
+    for k in sorted(t["size"].unique()):
+        s = t[t["size"] == k]
+        fig.add_scatter(x=s["sum_of_singles"], y=s["search_delta_accuracy"], mode="markers", name=f"{k} heads",
+                        text=s["heads"], hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<extra></extra>")
+    lo = float(min(t["sum_of_singles"].min(), t["search_delta_accuracy"].min(), 0)) if len(t) else -1
+    hi = float(max(t["sum_of_singles"].max(), t["search_delta_accuracy"].max(), 0)) if len(t) else 1
+    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"), name="additive")
+    fig.update_layout(title=title or f"{js.model} · {js.task}: do single-head effects add up?",
+                      xaxis_title="sum of single-head changes (search)", yaxis_title="joint change (search)",
+                      height=400)
+    return fig
+
+
+def cross_task_heatmap(df: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Head set x task matrix of the change in accuracy, annotated with the 95% CI."""
+    sets = list(dict.fromkeys(df["set"]))
+    tasks = list(dict.fromkeys(df["task"]))
+    z = np.full((len(sets), len(tasks)), np.nan)
+    txt = [["" for _ in tasks] for _ in sets]
+    for r in df.itertuples():
+        i, j = sets.index(r.set), tasks.index(r.task)
+        z[i, j] = r.delta_accuracy
+        txt[i][j] = f"{r.delta_accuracy:+.2f}<br>[{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
+    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() and np.nanmax(np.abs(z)) > 0 else 1.0
+    fig = go.Figure(go.Heatmap(z=z, x=tasks, y=sets, text=txt, texttemplate="%{text}", colorscale="RdBu",
+                               zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title="Δ acc"),
+                               hovertemplate="%{y} on %{x}: %{z:+.3f}<extra></extra>"))
+    fig.update_layout(title=title or "cost on other tasks: change in held-out accuracy",
+                      xaxis_title="evaluated on", yaxis_title="head set removed", height=120 + 70 * len(sets))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 1 across models and tasks
+# ---------------------------------------------------------------------------------------------
+def effect_landscape(df: pd.DataFrame, value: str = "delta_margin", title: str | None = None) -> go.Figure:
+    """Distribution of per-head effects for every model/task pair (one box per pair, every head a point).
+
+    ``df``: a long table with columns ``model``, ``task``, ``head`` and ``value`` (and ``candidate``).
+    """
+    fig = go.Figure()
+    for (m, t), g in df.groupby(["model", "task"], sort=False):
+        fig.add_box(y=g[value], x=[f"{m}<br>{t}"] * len(g), name=f"{m} · {t}", boxpoints="all", jitter=0.6,
+                    pointpos=0, marker=dict(size=3), text=g["head"], showlegend=False,
+                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+        if "candidate" in g and g["candidate"].any():
+            c = g[g["candidate"]]
+            fig.add_scatter(x=[f"{m}<br>{t}"] * len(c), y=c[value], mode="markers", showlegend=False,
+                            marker=dict(symbol="star", size=11, color="#c0392b"), text=c["head"],
+                            hovertemplate="candidate %{text}: %{y:+.3f}<extra></extra>")
+    fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
+    label = {"delta_margin": "change in mean margin", "delta_accuracy": "change in accuracy"}.get(value, value)
+    fig.update_layout(title=title or f"every head, every pair: {label} when removed (stars: candidates)",
+                      yaxis_title=label, height=460)
+    return fig
+
+
+def candidate_depth(df: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Where in depth the top heads sit: layer / (n_layers - 1), per model and task, sized by the gain."""
+    fig = go.Figure()
+    for m, g in df.groupby("model", sort=False):
+        fig.add_scatter(x=g["depth"], y=g["task"], mode="markers", name=m, text=g["head"],
+                        marker=dict(size=8 + 40 * g["delta_accuracy"].clip(lower=0), opacity=0.7,
+                                    symbol=np.where(g["candidate"], "star", "circle")),
+                        hovertemplate="%{text} (%{x:.2f} of depth)<extra>" + m + "</extra>")
+    fig.update_layout(title=title or "where the top enhancement heads sit (stars: candidates)",
+                      xaxis=dict(title="layer / (layers - 1)", range=[-0.05, 1.05]), height=380)
+    return fig
+
+
+def zero_vs_mean(df: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Change in accuracy with zero ablation against mean ablation, per head (the diagonal: mode-independent)."""
+    fig = go.Figure()
+    for m, g in df.groupby("model", sort=False):
+        fig.add_scatter(x=g["zero_delta"], y=g["mean_delta"], mode="markers", name=m,
+                        text=g["task"] + " " + g["head"],
+                        hovertemplate="%{text}<br>zero %{x:+.3f}, mean %{y:+.3f}<extra></extra>")
+    lo = float(min(df["zero_delta"].min(), df["mean_delta"].min(), 0))
+    hi = float(max(df["zero_delta"].max(), df["mean_delta"].max(), 0))
+    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"), name="same effect")
+    fig.update_layout(title=title or "zero vs mean ablation of the same heads (search split)",
+                      xaxis_title="change in accuracy, zero ablation", yaxis_title="change in accuracy, mean ablation",
+                      height=420)
+    return fig

@@ -193,8 +193,7 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
                                  "delta_accuracy": float(ci["delta"][j]), "ci_low": float(ci["ci_low"][j]),
                                  "ci_high": float(ci["ci_high"][j])}})
         ctrl = controls[j]["heldout_delta_accuracy"] if random_sets > 0 else []
-        best[-1]["heldout"]["random_percentile"] = (
-            float(np.mean(np.asarray(ctrl) < ci["delta"][j]) * 100) if ctrl else None)
+        best[-1]["heldout"]["random_percentile"] = percentile_among(ctrl, ci["delta"][j]) if ctrl else None
     return {"strategy": strategy, "pool": format_heads(pool).split(","), "n_evaluations": res.n_evaluations,
             "search_seconds": secs, "baseline": {"search_accuracy": float(s_res.accuracy[0]),
                                                  "heldout_accuracy": float(h_res.accuracy[0])},
@@ -204,6 +203,23 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
 # ---------------------------------------------------------------------------------------------
 # Chapter 2: every subset of a small pool, strategies on top of it, controls, cross-task cost
 # ---------------------------------------------------------------------------------------------
+def percentile_among(control, value: float) -> float:
+    """Mid-rank percentile of ``value`` among control values: ties count half (so a value equal to every
+    control sits at 50, not 0 or 100).
+
+    Example:
+        >>> percentile_among([0.0, 0.0, 0.1, 0.2], 0.1)
+        62.5
+        >>> percentile_among([0, 0], 0)
+        50.0
+    """
+    c = np.asarray(control, dtype=float)
+    if c.size == 0:
+        return float("nan")
+    tie = np.abs(c - value) <= 1e-9
+    return float(((c < value) & ~tie).sum() + 0.5 * tie.sum()) / c.size * 100
+
+
 def subset_masks(m: int) -> list[int]:
     """Bitmasks of all subsets of a pool of ``m`` heads, ordered by size then mask (bit i = pool[i])."""
     return sorted(range(2 ** m), key=lambda s: (bin(s).count("1"), s))
@@ -240,6 +256,14 @@ class JointSearch:
         """The smallest best-by-search set whose held-out CI lies above zero, or None (an honest 'none')."""
         ok = self.best[(self.best["size"] > 0) & (self.best["ci_low"] > 0)]
         return None if ok.empty else ok.iloc[0]
+
+    def chosen(self):
+        """The set a practitioner would take, chosen on the search split only: the best-by-search set of any
+        size >= 1 (highest search accuracy; ties go to the smaller set), or None when no set improves the
+        search split. Its held-out row is the honest figure."""
+        b = self.best[self.best["size"] > 0]
+        row = b.loc[b["search_accuracy"].idxmax()]  # idxmax takes the first (smallest) on ties
+        return row if row["search_delta_accuracy"] > 0 else None  # nothing helps even on the search split
 
     def explorer_data(self) -> dict:
         """What the kernel-free explorer needs: pool names and, per subset mask, the exact figures."""
@@ -347,7 +371,7 @@ def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_wi
     pct = []
     for r in best.itertuples():
         d = random_control[random_control["size"] == r.size]["heldout_delta_accuracy"].to_numpy()
-        pct.append(float((d < r.heldout_delta_accuracy).mean() * 100) if len(d) else float("nan"))
+        pct.append(percentile_among(d, r.heldout_delta_accuracy))
     best["random_percentile"] = pct
     return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab,
                        heldout_correct=rh.correct, strategies=strategies, best=best,

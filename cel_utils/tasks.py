@@ -246,6 +246,17 @@ def gen_antonyms(rng: random.Random):
     return pool
 
 
+def _as_exact_match(generator):
+    """The same items as a multiple-choice generator, scored by exact match of the correct choice instead
+    (harder: the model must produce the answer, not only prefer it among four)."""
+
+    def gen(rng: random.Random):
+        return [{"prompt": it["prompt"], "target": it["choices"][it["answer"]], "key": it["key"]}
+                for it in generator(rng)]
+
+    return gen
+
+
 def _review(rng, positive: bool) -> str:
     adj = rng.choice(POS_ADJ if positive else NEG_ADJ)
     adj2 = rng.choice(POS_ADJ if positive else NEG_ADJ)
@@ -286,16 +297,25 @@ BUILTIN_TASKS: dict[str, TaskSpec] = {t.name: t for t in [
              ("forwards", "backwards")),
     TaskSpec("antonyms", "mc", gen_antonyms, "word -> antonym, 4-shot, 4 choices"),
     TaskSpec("sentiment", "mc", gen_sentiment, "movie-review sentiment, 4-shot", ("positive", "negative")),
+    TaskSpec("capitals_em", "em", _as_exact_match(gen_capitals), "country -> capital, 3-shot, exact match"),
+    TaskSpec("antonyms_em", "em", _as_exact_match(gen_antonyms), "word -> antonym, 4-shot, exact match"),
 ]}
 METRICS = {"mc": "accuracy: the answer choice has the highest summed log-prob",
            "em": "exact match: every target token is top-1 under teacher forcing"}
 
 
-def load_task(name: str, split: str = "search", n: int | None = None, seed: int = 0) -> Task:
-    """A built-in task split, or a JSONL file (all items in file order; ``split`` does not apply)."""
+def load_task(name: str, split: str = "search", n: int | None = None, seed: int = 0, clip: bool = False) -> Task:
+    """A built-in task split, or a JSONL file (all items in file order; ``split`` does not apply).
+
+    ``n`` larger than the split is an error, unless ``clip=True`` (then all items are used).
+
+    Example:
+        >>> len(load_task("antonyms", n=1000, clip=True))
+        31
+    """
     if name.endswith(".jsonl") or Path(name).suffix == ".jsonl" or Path(name).exists():
         task = load_jsonl(name)
-        return _take(task, n)
+        return _take(task, n if not clip or n is None else min(n, len(task.items)))
     if name not in BUILTIN_TASKS:
         raise CELError(f"unknown task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} "
                        f"(or a path to a .jsonl file)")
@@ -307,7 +327,7 @@ def load_task(name: str, split: str = "search", n: int | None = None, seed: int 
     items = _split_pool(pool, rng)[split]
     task = Task(name=name, kind=spec.kind, items=items, split=split, seed=seed, description=spec.description,
                 metric=METRICS[spec.kind], labels=list(spec.labels))
-    return _take(task, n)
+    return _take(task, n if not clip or n is None else min(n, len(task.items)))
 
 
 def _take(task: Task, n: int | None) -> Task:
