@@ -106,6 +106,8 @@ class ItemResults:
     correct: np.ndarray
     margin: np.ndarray
     choice_scores: np.ndarray | None = None  # [n_sets, n_items, max_choices] (mc)
+    seconds: float | None = None  # compute time of these results (kept by the result cache)
+    cached: bool = False  # read back from the result cache
 
     @property
     def accuracy(self):

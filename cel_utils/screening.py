@@ -119,10 +119,13 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
         key = cache.make_key(lm, enc, head_sets, mode, "exact", extra)
         hit = cache.load(key)
         if hit is not None and hit["correct"].shape == (len(head_sets), enc.n_items):
-            return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"))
+            secs = float(hit["seconds"]) if "seconds" in hit else None
+            return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"), seconds=secs, cached=True)
+    t0 = time.perf_counter()
     res = _evaluate_head_sets(lm, enc, head_sets, mode, means, max_tokens, progress, desc, share_prefix)
+    res.seconds = time.perf_counter() - t0
     if key is not None:
-        arrays = {"correct": res.correct, "margin": res.margin}
+        arrays = {"correct": res.correct, "margin": res.margin, "seconds": np.array(res.seconds)}
         if res.choice_scores is not None:
             arrays["choice_scores"] = res.choice_scores
         cache.store(key, arrays)
@@ -252,8 +255,9 @@ class Screen:
     results: ItemResults  # [n_heads, n_items]
     mode: str
     method: str = "exact"
-    seconds: float = 0.0
+    seconds: float = 0.0  # compute time (for a cached result: the time it took when it was computed)
     meta: dict = field(default_factory=dict)
+    n_layers: int | None = None  # the model's depth (for cost accounting)
 
     @property
     def table(self) -> pd.DataFrame:
@@ -312,9 +316,12 @@ def screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zero", me
                              max_tokens=max_tokens, progress=progress, desc=f"screening {len(heads)} heads",
                              use_cache=use_cache)
     secs = time.perf_counter() - t0
+    if res.cached and res.seconds is not None:
+        secs = res.seconds  # the compute time when the result was made, not the time to read it back
     base = ItemResults(res.correct[:1], res.margin[:1], None if res.choice_scores is None else res.choice_scores[:1])
     rest = ItemResults(res.correct[1:], res.margin[1:], None if res.choice_scores is None else res.choice_scores[1:])
-    return Screen(heads=heads, baseline=base, results=rest, mode=mode, seconds=secs)
+    return Screen(heads=heads, baseline=base, results=rest, mode=mode, seconds=secs, n_layers=lm.n_layers,
+                  meta={"from_cache": bool(res.cached)})
 
 
 def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zero", means=None,
@@ -334,7 +341,8 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str = "zer
         ablator.detach()
     secs = time.perf_counter() - t0
     res = ItemResults(np.concatenate([o.correct for o in outs]), np.concatenate([o.margin for o in outs]))
-    return Screen(heads=heads, baseline=base, results=res, mode=mode, method="plain", seconds=secs)
+    return Screen(heads=heads, baseline=base, results=res, mode=mode, method="plain", seconds=secs,
+                  n_layers=lm.n_layers)
 
 
 def recheck(lm, task, head_sets: dict[str, Sequence[Head]], mode: str = "zero", means=None,
@@ -545,5 +553,5 @@ def compare_to_exact(exact: Screen, approx: ApproxScreen, k: int = 10) -> dict:
 
 
 def forward_equivalents_for_screen(sc: Screen) -> float:
-    L = max(l for l, _ in sc.heads) + 1
+    L = sc.n_layers if sc.n_layers is not None else max(l for l, _ in sc.heads) + 1
     return 1.0 + sum((L - l) / L for l, _ in sc.heads)

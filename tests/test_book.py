@@ -17,8 +17,13 @@ pytestmark = pytest.mark.notebook
 
 CI_PARAMETERS = {
     "01_screening": {"n_search": 8, "n_heldout": 8, "top_k": 3, "heads": "all"},
+    "01a_landscape": {"tasks": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["sequences"]},
+                      "n_items": 6, "screen_heads": "L13,L14", "top_k": 2},
     "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
                                "compressed_evals": 20},
+    "02_joint_search": {"models": ["smollm2-135m"], "tasks": {"smollm2-135m": ["addition", "agreement_rc"]},
+                        "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_items": 6,
+                        "screen_heads": "L13,L14", "pool_size": 3, "max_size": 2, "random_sets": 4},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
                   "sweep_steps": 1500},
 }
@@ -56,6 +61,44 @@ def test_chapter1_records(staged):
     # margins are ranked: the first top head has the largest change in margin
     m = [t["search_delta_margin"] for t in r["top_heads"]]
     assert m == sorted(m, reverse=True)
+
+
+def test_landscape_records(staged):
+    r = _record(staged, "01a_landscape")
+    assert {(p["model"], p["task"]) for p in r["pairs"]} == {("smollm2-135m", "addition"),
+                                                             ("smollm2-135m", "sentiment"), ("gemma3-270m", "sequences")}
+    for p in r["pairs"]:
+        assert p["n_heads_screened"] == len(p["screened_heads"]) == (18 if p["model"] == "smollm2-135m" else 8)
+        assert set(p["candidates"]) <= set(p["screened_heads"]) and p["n_candidates"] == len(p["candidates"])
+        assert len(p["checked"]) == 2
+        for c in p["checked"]:
+            assert c["head"] in p["screened_heads"]
+            assert c["ci_low"] - 1e-9 <= c["heldout_delta"] <= c["ci_high"] + 1e-9
+        b = p["best_heldout"]
+        assert b["delta"] == max(c["heldout_delta"] for c in p["checked"])
+        for f in p["flips"]:
+            net = next(c["heldout_delta"] for c in p["checked"] if c["head"] == f["head"])
+            assert (f["fixed"] - f["broken"]) / p["n_heldout"] == pytest.approx(net)
+    kinds = {p["task"]: p["kinds"] for p in r["pairs"]}
+    assert kinds["addition"] == {}  # exact match: no classes
+    assert set(kinds["sentiment"].values()) <= {"capability-like", "bias-like", "harmful", "none"}
+
+
+def test_joint_search_records(staged):
+    r = _record(staged, "02_joint_search")
+    assert [p["task"] for p in r["pairs"]] == ["addition", "agreement_rc"]
+    for p in r["pairs"]:
+        assert len(p["pool"]) == 3 and p["n_subsets"] == 8 and len(p["explorer"]["subsets"]) == 8
+        assert [b["size"] for b in p["best"]] == [0, 1, 2]
+        for b in p["best"]:
+            assert b["ci_low"] - 1e-9 <= b["heldout_delta_accuracy"] <= b["ci_high"] + 1e-9
+            assert set(filter(None, b["heads"].split(","))) <= set(p["pool"])
+        assert p["n_evaluations"]["exhaustive"] == 1 + 3 + 3 and p["n_evaluations"]["greedy"] <= 7
+        if p["chosen"] is not None:
+            assert 0 <= p["chosen"]["random_percentile"] <= 100
+            assert p["chosen"]["search_delta_accuracy"] > 0
+    sets = {c["set"] for c in r["cross_task"]}
+    assert {c["task"] for c in r["cross_task"]} == ({"addition", "agreement_rc", "sentiment"} if sets else set())
 
 
 def test_screening_at_scale_records(staged):
@@ -117,7 +160,8 @@ def test_book_builds_offline(built):
     assert (built / "_static" / "vendor" / "mathjax" / "tex-chtml.js").exists()
 
 
-@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("01b_screening_at_scale", 1), ("03_theory", 4)])
+@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("01a_landscape", 6), ("01b_screening_at_scale", 1),
+                                              ("02_joint_search", 6), ("03_theory", 4)])
 def test_figures_in_html(built, chapter, min_figs):
     html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot") >= min_figs
@@ -131,7 +175,7 @@ def test_execution_status_page(built):
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
-@pytest.mark.parametrize("chapter", ["01_screening", "03_theory"])
+@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "03_theory"])
 def test_figures_render_in_headless_chromium(built, chapter):
     page = built / "book" / "chapters" / f"{chapter}.html"
     with tempfile.TemporaryDirectory() as prof:
@@ -145,11 +189,56 @@ def test_figures_render_in_headless_chromium(built, chapter):
     n_divs = dom.stdout.count('class="plotly-graph-div')
     n_rendered = dom.stdout.count('class="main-svg"')
     assert n_divs >= 4 and n_rendered >= n_divs, (n_divs, n_rendered)
-    if chapter == "01_screening":  # the static head-toggle grid rendered by the local widget manager
+    if chapter in ("01_screening", "02_joint_search"):  # static head-toggle grid, via the local widget manager
         assert "widget-toggle-button" in dom.stdout
     missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]
     assert not missing, missing
     assert shot.exists()
+
+
+_CLICK = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var out = [];
+  document.querySelectorAll(".cel-explorer").forEach(function (root) {
+    var before = root.querySelector(".ha").textContent;
+    var b = root.querySelectorAll("button[data-bit]");
+    b[0].click(); b[1].click();
+    out.push({mask: root.dataset.mask, before: before, sa: root.querySelector(".sa").textContent,
+              ha: root.querySelector(".ha").textContent, sad: root.querySelector(".sad").textContent,
+              set: root.querySelector(".cel-exp-set").textContent});
+  });
+  var pre = document.createElement("pre"); pre.id = "cel-test-result";
+  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+}, 300); });
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+def test_subset_explorer_works_in_headless_chromium(built, staged):
+    """Click two heads in each kernel-free explorer; the page shows the precomputed figures of that subset."""
+    import html as H
+
+    page = built / "book" / "chapters" / "02_joint_search.html"
+    probe = page.with_name("_explorer_probe.html")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _CLICK + "</body>"), encoding="utf-8")
+    with tempfile.TemporaryDirectory() as prof:
+        r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
+                            "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
+                           capture_output=True, text=True, timeout=180)
+    probe.unlink()
+    m = re.search(r'<pre id="cel-test-result">(.*?)</pre>', r.stdout, re.S)
+    assert m, "the probe script did not run"
+    shown = json.loads(H.unescape(m.group(1)))
+    pairs = _record(staged, "02_joint_search")["pairs"]
+    assert len(shown) == len(pairs)
+    for s, p in zip(shown, pairs):
+        ex = p["explorer"]
+        row, base = ex["subsets"]["3"], ex["subsets"]["0"]
+        assert s["mask"] == "3" and s["set"] == f"{ex['pool'][0]}, {ex['pool'][1]}"
+        assert float(s["before"]) == pytest.approx(base[1], abs=6e-4)
+        assert float(s["sa"]) == pytest.approx(row[0], abs=6e-4) and float(s["ha"]) == pytest.approx(row[1], abs=6e-4)
+        assert float(s["sad"]) == pytest.approx(row[0] - base[0], abs=1e-3)
 
 
 def test_wrong_parameter_type_is_a_clear_error(tmp_path):

@@ -37,3 +37,18 @@ def test_no_cache(tiny_llama, tmp_path, monkeypatch):
     enc = encode_task(tiny_llama, load_task("addition", n=3))
     evaluate_head_sets(tiny_llama, enc, [[]], progress=False)
     assert not list(tmp_path.rglob("*.npz"))
+
+
+def test_cached_screen_keeps_its_compute_time(tiny_llama, tmp_path, monkeypatch):
+    from cel_utils.screening import forward_equivalents_for_screen, screen
+
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    task = load_task("agreement", n=4)
+    a = screen(tiny_llama, task, heads=[(0, 0), (0, 1)], progress=False)
+    b = screen(tiny_llama, task, heads=[(0, 0), (0, 1)], progress=False)
+    assert not a.meta["from_cache"] and b.meta["from_cache"]
+    assert 0 < b.seconds <= a.seconds  # the compute time of the first run, not the time to read it back
+    assert np.array_equal(a.results.margin, b.results.margin)
+    # cost accounting uses the model's depth, not the deepest screened head
+    assert a.n_layers == tiny_llama.n_layers > 1
+    assert forward_equivalents_for_screen(a) == 1 + 2 * 1.0
