@@ -201,10 +201,14 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     if name in BUILTIN_MODELS:
         spec = BUILTIN_MODELS[name]
         path = spec.gguf_path()
-        kw = dict(gguf_file=path.name)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch_dtype, **kw)
-        lm = wrap_model(model, tok, name=name, weights_hash=file_hash([path]), source=str(path))
+        digest = file_hash([path])
+        tok, model = _load_converted(name, digest, torch_dtype)
+        if model is None:
+            kw = dict(gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch_dtype, **kw)
+            _store_converted(name, digest, torch_dtype, tok, model)
+        lm = wrap_model(model, tok, name=name, weights_hash=digest, source=str(path))
     else:
         local = Path(name).expanduser()
         looks_like_id = "/" in name and not local.exists() and not name.startswith((".", "/", "~"))
@@ -231,6 +235,67 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     if cache:
         _CACHE[key] = lm
     return lm
+
+
+def _converted_dir(name: str, digest: str, torch_dtype: torch.dtype) -> Path:
+    from .cache import cache_dir
+
+    return cache_dir() / "models" / f"{name}-{digest}-{str(torch_dtype).removeprefix('torch.')}"
+
+
+def _load_converted(name: str, digest: str, torch_dtype: torch.dtype):
+    """A built-in model's weights as converted from its GGUF file on an earlier load, or (None, None).
+
+    De-quantizing the GGUF file takes 15-40 s on a CPU; the converted copy (safetensors, the same numbers)
+    loads in a few seconds. It lives beside the result cache and is used only if complete.
+    """
+    from . import cache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = _converted_dir(name, digest, torch_dtype)
+    if not cache.enabled() or not (d / "COMPLETE").exists():
+        return None, None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(d), local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(str(d), local_files_only=True, dtype=torch_dtype)
+        return tok, model
+    except Exception:  # a damaged copy: fall back to the GGUF file (and rewrite the copy)
+        import shutil
+
+        shutil.rmtree(d, ignore_errors=True)
+        return None, None
+
+
+def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, model) -> None:
+    """Write the converted copy atomically (temp folder, then rename); failures are ignored."""
+    import shutil
+    import tempfile
+
+    from . import cache
+
+    if not cache.enabled():
+        return
+    d = _converted_dir(name, digest, torch_dtype)
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
+        # save_pretrained refuses GGUF-loaded models; the de-quantized weights are plain tensors, so write
+        # the config (without the GGUF quantization entry) and the weights ourselves
+        import json
+
+        from safetensors.torch import save_model
+
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tok.save_pretrained(str(tmp))
+        (tmp / "COMPLETE").write_text(digest)
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
 
 
 def _parse_dtype(dtype: str) -> torch.dtype:

@@ -73,3 +73,27 @@ def test_gemma_geometry_exactness_and_engine():
     b = plain_screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False, batch_size=4)
     assert np.abs(a.results.margin - b.results.margin).max() < 1e-4
     assert np.array_equal(a.results.correct, b.results.correct)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gemma3-270m"])
+def test_converted_copy_gives_identical_logits(name, tmp_path, monkeypatch):
+    """The safetensors copy written on the first load reproduces the GGUF-loaded model exactly."""
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    first = load_model(name, cache=False)  # from the GGUF file; writes the copy
+    copies = list((tmp_path / "models").glob(f"{name}-*"))
+    assert len(copies) == 1 and (copies[0] / "COMPLETE").exists()
+    second = load_model(name, cache=False)  # from the copy
+    assert second.weights_hash == first.weights_hash
+    toks = [first.tokenizer(t)["input_ids"] for t in ["The capital of France is", "12 + 34 = "]]
+    assert toks == [second.tokenizer(t)["input_ids"] for t in ["The capital of France is", "12 + 34 = "]]
+    ids, att = pad_right(toks, 0)
+    with torch.no_grad():
+        a = first.model(input_ids=ids, attention_mask=att).logits
+        b = second.model(input_ids=ids, attention_mask=att).logits
+    assert torch.equal(a, b)
+    if name != "smollm2-135m":
+        return
+    # a damaged copy is ignored and rewritten
+    (copies[0] / "config.json").write_text("{not json")
+    third = load_model(name, cache=False)
+    assert third.weights_hash == first.weights_hash and (copies[0] / "COMPLETE").exists()
