@@ -197,7 +197,7 @@ def test_figures_render_in_headless_chromium(built, chapter):
 
 
 _CLICK = """<script>
-window.addEventListener("load", function () { setTimeout(function () {
+(function () {
   var out = [];
   document.querySelectorAll(".cel-explorer").forEach(function (root) {
     var before = root.querySelector(".ha").textContent;
@@ -207,9 +207,8 @@ window.addEventListener("load", function () { setTimeout(function () {
               ha: root.querySelector(".ha").textContent, sad: root.querySelector(".sad").textContent,
               set: root.querySelector(".cel-exp-set").textContent});
   });
-  var pre = document.createElement("pre"); pre.id = "cel-test-result";
-  pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
-}, 300); });
+  document.body.setAttribute("data-cel-probe", JSON.stringify(out));
+})();
 </script>"""
 
 
@@ -227,7 +226,7 @@ def test_subset_explorer_works_in_headless_chromium(built, staged):
                             "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
                            capture_output=True, text=True, timeout=180)
     probe.unlink()
-    m = re.search(r'<pre id="cel-test-result">(.*?)</pre>', r.stdout, re.S)
+    m = re.search(r'data-cel-probe="([^"]*)"', r.stdout)
     assert m, "the probe script did not run"
     shown = json.loads(H.unescape(m.group(1)))
     pairs = _record(staged, "02_joint_search")["pairs"]
