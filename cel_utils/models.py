@@ -276,6 +276,7 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
     if not cache.enabled():
         return
     d = _converted_dir(name, digest, torch_dtype)
+    tmp = None
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
@@ -295,7 +296,8 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
             shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
     except Exception:
-        shutil.rmtree(tmp, ignore_errors=True) if "tmp" in locals() else None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _parse_dtype(dtype: str) -> torch.dtype:

@@ -17,10 +17,10 @@ Example:
 from __future__ import annotations
 
 import itertools
-
-import numpy as np
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
+
+import numpy as np
 
 Scorer = Callable[[list[tuple]], Sequence[float]]
 
@@ -150,7 +150,7 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     import time
 
 
-    from .ablation import all_heads, format_heads
+    from .ablation import format_heads
     from .scoring import encode_task
     from .screening import evaluate_head_sets
     from .stats import paired_bootstrap_many
@@ -174,13 +174,9 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     h_res = evaluate_head_sets(lm, enc_h, [[]] + best_sets, mode=mode, progress=False)
     ci = paired_bootstrap_many(h_res.correct[0].astype(float), h_res.correct[1:].astype(float), n_boot=n_boot,
                                seed=seed)
-    rng = np.random.default_rng(seed)
-    everything = all_heads(lm)
-    controls = []
-    for k in sizes if random_sets > 0 else []:
-        sets = [[everything[i] for i in rng.choice(len(everything), k, replace=False)] for _ in range(random_sets)]
-        r = evaluate_head_sets(lm, enc_h, [[]] + sets, mode=mode, progress=False)
-        controls.append({"size": k, "heldout_delta_accuracy": [float(x) for x in r.accuracy[1:] - r.accuracy[0]]})
+    rc = random_control(lm, enc_h, sizes, random_sets, mode=mode, seed=seed)
+    controls = [{"size": k, "heldout_delta_accuracy": g["heldout_delta_accuracy"].tolist()}
+                for k, g in rc.groupby("size")]
     best = []
     for j, k in enumerate(sizes):
         best.append({"size": k, "heads": format_heads(best_sets[j]).split(","),
@@ -218,6 +214,28 @@ def percentile_among(control, value: float) -> float:
         return float("nan")
     tie = np.abs(c - value) <= 1e-9
     return float(((c < value) & ~tie).sum() + 0.5 * tie.sum()) / c.size * 100
+
+
+def random_control(lm, enc, sizes: Sequence[int], n_sets: int, mode: str = "zero", seed: int = 0,
+                   progress: bool = False):
+    """``n_sets`` random head sets of each size, drawn from all heads, evaluated on ``enc`` (one batched call):
+    a tidy table of ``size``, ``heads`` and ``heldout_delta_accuracy`` (change against the unablated model)."""
+    import pandas as pd
+
+    from .ablation import all_heads, head_name
+    from .screening import evaluate_head_sets
+
+    cols = ["size", "heads", "heldout_delta_accuracy"]
+    if n_sets <= 0:
+        return pd.DataFrame(columns=cols)
+    rng = np.random.default_rng(seed)
+    everything = all_heads(lm)
+    rsets = [(k, [everything[i] for i in rng.choice(len(everything), k, replace=False)])
+             for k in sizes for _ in range(n_sets)]
+    rr = evaluate_head_sets(lm, enc, [[]] + [s for _, s in rsets], mode=mode, progress=progress,
+                            desc=f"{len(rsets)} random sets, held-out split")
+    return pd.DataFrame([(k, ",".join(head_name(h) for h in s), float(rr.accuracy[j + 1] - rr.accuracy[0]))
+                         for j, (k, s) in enumerate(rsets)], columns=cols)
 
 
 def subset_masks(m: int) -> list[int]:
@@ -296,7 +314,7 @@ def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_wi
 
     import pandas as pd
 
-    from .ablation import all_heads, head_name
+    from .ablation import head_name
     from .scoring import encode_task
     from .screening import evaluate_head_sets
     from .stats import paired_bootstrap_many
@@ -356,26 +374,16 @@ def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_wi
     best["ci_low"], best["ci_high"] = ci["ci_low"], ci["ci_high"]
 
     # random control: held-out change of random sets of each reported size, drawn from all heads
-    rng = np.random.default_rng(seed)
-    everything = all_heads(lm)
-    ctrl = []
-    if random_sets > 0:
-        rsets = [(k, [everything[i] for i in rng.choice(len(everything), k, replace=False)])
-                 for k in range(1, max_size + 1) for _ in range(random_sets)]
-        rr = evaluate_head_sets(lm, enc_h, [[]] + [s for _, s in rsets], mode=mode, progress=progress,
-                                desc=f"{len(rsets)} random sets, held-out split")
-        for j, (k, s) in enumerate(rsets):
-            ctrl.append({"size": k, "heads": ",".join(head_name(h) for h in s),
-                         "heldout_delta_accuracy": float(rr.accuracy[j + 1] - rr.accuracy[0])})
-    random_control = pd.DataFrame(ctrl, columns=["size", "heads", "heldout_delta_accuracy"])
+    random_control_ = random_control(lm, enc_h, range(1, max_size + 1), random_sets, mode=mode, seed=seed,
+                                     progress=progress)
     pct = []
     for r in best.itertuples():
-        d = random_control[random_control["size"] == r.size]["heldout_delta_accuracy"].to_numpy()
+        d = random_control_[random_control_["size"] == r.size]["heldout_delta_accuracy"].to_numpy()
         pct.append(percentile_among(d, r.heldout_delta_accuracy))
     best["random_percentile"] = pct
     return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab,
                        heldout_correct=rh.correct, strategies=strategies, best=best,
-                       random_control=random_control, seconds_per_evaluation=per_eval,
+                       random_control=random_control_, seconds_per_evaluation=per_eval,
                        n_search=enc_s.n_items, n_heldout=enc_h.n_items)
 
 
