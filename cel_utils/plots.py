@@ -186,8 +186,7 @@ def search_trajectory(js, title: str | None = None) -> go.Figure:
     """Accuracy of the best-by-search set of each size (exhaustive over the pool), search and held-out,
     with the held-out 95% CI where it was computed and the greedy path marked."""
     t = js.subsets
-    key = t["search_accuracy"] + 1e-3 * t["search_margin"]
-    best = t.loc[key.groupby(t["size"]).idxmax()].sort_values("size")
+    best = t.loc[t["search_score"].groupby(t["size"]).idxmax()].sort_values("size")
     fig = go.Figure()
     fig.add_scatter(x=best["size"], y=best["search_accuracy"], mode="lines+markers", name="search split",
                     text=best["heads"], hovertemplate="%{text}<br>size %{x}: %{y:.3f}<extra>search</extra>")

@@ -125,7 +125,10 @@ def beam(pool: Sequence[Hashable], score: Scorer, width: int = 4, max_size: int 
 # ---------------------------------------------------------------------------------------------
 # On a real model
 # ---------------------------------------------------------------------------------------------
-def model_scorer(lm, enc, mode: str = "zero", means=None, by: str = "accuracy", tie_break: float = 1e-3,
+TIE_BREAK = 1e-3  # weight of the mean margin in a set's score: orders sets with equal accuracy
+
+
+def model_scorer(lm, enc, mode: str = "zero", means=None, by: str = "accuracy", tie_break: float = TIE_BREAK,
                  progress: bool = False):
     """A batched scorer for the strategies: mean accuracy (plus ``tie_break`` x mean margin) of each head set.
 
@@ -252,7 +255,8 @@ class JointSearch:
     """Every subset of a candidate pool evaluated on both splits, and what the strategies find in it.
 
     ``subsets``: one row per subset (``mask``, ``heads``, ``size``, search and held-out accuracy / margin and
-    their changes against the unablated model, ``sum_of_singles`` and ``interaction`` on the search split).
+    their changes against the unablated model, ``sum_of_singles`` and ``interaction`` on the search split,
+    ``search_score`` = search accuracy + ``TIE_BREAK`` x search margin, what the strategies maximise).
     ``strategies``: per strategy, the best set per size it finds on the search split and its evaluation count.
     ``best``: the best-by-search set of each size (exhaustive) with a held-out paired-bootstrap 95% CI.
     ``random_control``: held-out accuracy change of random head sets of each reported size, from all heads.
@@ -347,7 +351,8 @@ def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_wi
     tab["interaction"] = tab["search_delta_accuracy"] - tab["sum_of_singles"]
 
     # strategies on the search-split figures (accuracy, margin as tie-break)
-    score_of = dict(zip(sets, rs.accuracy + 1e-3 * rs.mean_margin))
+    tab["search_score"] = tab["search_accuracy"] + TIE_BREAK * tab["search_margin"]
+    score_of = dict(zip(sets, tab["search_score"]))
     scorer = lambda ss: [score_of[tuple(sorted(s))] for s in ss]  # noqa: E731
     runs = {"exhaustive": exhaustive(pool, scorer, max_size), "greedy": greedy(pool, scorer, max_size),
             "beam": beam(pool, scorer, beam_width, max_size)}
