@@ -16,8 +16,10 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import re
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import torch
@@ -82,6 +84,49 @@ def check_head_spec(spec: str) -> None:
 
 def all_heads(lm) -> list[Head]:
     return [(l, h) for l in range(lm.n_layers) for h in range(lm.n_heads)]
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """How a head is removed: ``mode="zero"`` (its output set to 0) or ``"mean"`` (set to its mean output).
+
+    Every entry point that ablates takes ``mode`` (a name or an :class:`Ablation`) and optional ``means``
+    ``[n_layers, n_heads, head_dim]``, and resolves them here, once: mean ablation without means computes
+    them over the prompts being scored.
+
+    Example:
+        >>> Ablation.of("zero")
+        Ablation(mode='zero', means=None)
+        >>> Ablation.of("median")
+        Traceback (most recent call last):
+        ...
+        cel_utils.errors.CELError: unknown ablation mode 'median'; use one of zero, mean
+    """
+
+    mode: str = "zero"
+    means: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise CELError(f"unknown ablation mode {self.mode!r}; use one of {', '.join(MODES)}")
+
+    @classmethod
+    def of(cls, mode: "str | Ablation" = "zero", means: torch.Tensor | None = None) -> "Ablation":
+        if isinstance(mode, Ablation):
+            return mode if means is None else Ablation(mode.mode, means)
+        return cls(mode, means if mode == "mean" else None)
+
+    def resolved(self, lm, token_lists: Sequence[Sequence[int]]) -> "Ablation":
+        """The same ablation with head means computed over ``token_lists`` when mean mode has none yet."""
+        if self.mode == "mean" and self.means is None:
+            return Ablation("mean", compute_head_means(lm, token_lists))
+        return self
+
+    def fingerprint(self) -> dict:
+        """What the numbers depend on (for cache keys): the mode, and a hash of the means if any."""
+        if self.means is None:
+            return {}
+        return {"means": hashlib.sha256(self.means.detach().cpu().float().numpy().tobytes()).hexdigest()}
 
 
 class HeadAblator:

@@ -27,7 +27,7 @@ VENDOR = ROOT / "book" / "assets" / "vendor"
 
 def record(path: str | os.PathLike, values: dict) -> dict:
     """Write a chapter's headline values as JSON (atomically) so tests can check them; returns them."""
-    from .cli import write_json_atomic
+    from .io import write_json_atomic
 
     write_json_atomic(path, values)
     return values

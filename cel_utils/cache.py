@@ -46,12 +46,13 @@ def encoded_hash(enc) -> str:
 
 
 _CODE: list[str] = []
-NUMERIC_SOURCES = ("models.py", "ablation.py", "scoring.py", "screening.py", "cache.py")
+NUMERIC_SOURCES = ("models.py", "ablation.py", "scoring.py", "engine.py", "cache.py")
 
 
 def code_hash() -> str:
-    """Hash of the source the cached numbers depend on (models, ablation, scoring, screening, this module):
-    any change there invalidates the cache, not only a version bump. Editing plots, search or the CLI does not."""
+    """Hash of the source the cached numbers depend on (models, ablation, scoring, the engine, this module):
+    any change there invalidates the cache, not only a version bump. Editing the screens' statistics, the
+    approximate screens, search, plots or the CLI does not."""
     if not _CODE:
         h = hashlib.sha256()
         here = Path(__file__).parent

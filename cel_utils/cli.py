@@ -3,8 +3,10 @@
     cel models
     cel tasks
     cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
-    cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--mode zero|mean] [--out F]
+    cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--method exact|gradient|compressed]
+               [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
     cel merge  SHARD.json ... [--out F]
+    cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
 
 Bad input exits with status 2 and a one-line message, and writes no output file.
@@ -14,53 +16,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from . import __version__
+from . import __version__, defaults
 from .errors import CELError
+from .io import dumps, write_json_atomic
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, status 2 (argparse's own convention too)
         print(f"cel: error: {message}", file=sys.stderr)
         raise SystemExit(2)
-
-
-def _clean(obj):
-    """JSON-safe: numpy scalars to Python, non-finite floats to None."""
-    import numpy as np
-
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.bool_,)):
-        return bool(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        f = float(obj)
-        return f if math.isfinite(f) else None
-    return obj
-
-
-def write_json_atomic(path: str | Path, obj) -> None:
-    """Write JSON to a temp file in the same folder, then rename: never a truncated file."""
-    path = Path(path)
-    text = json.dumps(_clean(obj), indent=2, sort_keys=False) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def check_out(path: str | None) -> None:
@@ -81,7 +49,7 @@ def emit(obj, out: str | None) -> None:
         write_json_atomic(out, obj)
         print(f"wrote {out}", file=sys.stderr)
     else:
-        print(json.dumps(_clean(obj), indent=2))
+        print(dumps(obj), end="")
 
 
 def _header(lm, task, args) -> dict:
@@ -102,10 +70,11 @@ def _load(args):
     return lm, task
 
 
-def _means(lm, enc, mode):
-    from .ablation import compute_head_means
+def _ablation(lm, enc, mode):
+    """The run's ablation, resolved once on the items of the run (mean mode: their head means)."""
+    from .ablation import Ablation
 
-    return compute_head_means(lm, enc.inputs) if mode == "mean" else None
+    return Ablation.of(mode).resolved(lm, enc.inputs)
 
 
 def cmd_models(args):
@@ -124,26 +93,59 @@ def cmd_tasks(args):
         print(f"{t['name']:13s} {t['kind']}  {t['description']}")
 
 
+def _check_sizes(args) -> None:
+    """Numeric options checked before anything is loaded."""
+    if getattr(args, "max_tokens", 1) < 1:
+        raise CELError("--max-tokens must be at least 1")
+    if getattr(args, "n", None) is not None and args.n < 1:
+        raise CELError(f"--n must be at least 1, got {args.n}")
+
+
 def cmd_eval(args):
     from .ablation import check_head_spec, format_heads, parse_heads
-    from .scoring import encode_task, evaluate
+    from .engine import evaluate
+    from .scoring import encode_task
 
     check_out(args.out)
     check_head_spec(args.ablate or "")  # syntax check before loading anything
+    _check_sizes(args)
     lm, task = _load(args)
     heads = parse_heads(args.ablate or "", lm.n_layers, lm.n_heads)
     enc = encode_task(lm, task)
-    means = _means(lm, enc, args.mode)
-    if args.max_tokens < 1:
-        raise CELError("--max-tokens must be at least 1")
-    base = evaluate(lm, enc, (), mode=args.mode, means=means, max_tokens=args.max_tokens)
-    abl = evaluate(lm, enc, heads, mode=args.mode, means=means, max_tokens=args.max_tokens)
+    ablation = _ablation(lm, enc, args.mode)
+    base = evaluate(lm, enc, (), mode=ablation, max_tokens=args.max_tokens)
+    abl = evaluate(lm, enc, heads, mode=ablation, max_tokens=args.max_tokens)
     out = _header(lm, task, args)
     out["method"] = "exact"
     out["baseline"] = {"accuracy": float(base.accuracy[0]), "mean_margin": float(base.mean_margin[0])}
     out["ablated"] = {"heads": format_heads(heads).split(",") if heads else [],
                       "accuracy": float(abl.accuracy[0]), "mean_margin": float(abl.mean_margin[0])}
     emit(out, args.out)
+
+
+def _approximate_screen(lm, task, enc, heads, ablation, args) -> dict:
+    from .approximate import compressed_screen, gradient_screen
+
+    if args.method == "gradient":
+        ap = gradient_screen(lm, task, mode=ablation, enc=enc, progress=not args.quiet)
+    else:
+        ap = compressed_screen(lm, task, mode=ablation, seed=args.seed, enc=enc, progress=not args.quiet)
+    wanted = set(heads)
+    return {"cost": {"forward_equivalents": ap.forward_equivalents, "n_evaluations": ap.n_evaluations},
+            "heads": [{"layer": l, "head": h, "estimated_delta_margin": float(e)}
+                      for (l, h), e in zip(ap.heads, ap.estimate) if (l, h) in wanted],
+            "timing": {"seconds": round(ap.seconds, 3)}}
+
+
+def _heldout_check(lm, args, cands, ablation) -> dict:
+    """The candidate heads re-measured on the held-out split (same --n): head name -> held-out figures."""
+    from .compare import compare_sets
+    from .tasks import load_task
+
+    held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
+    tab = compare_sets(lm, held, {f"L{l}H{h}": [(l, h)] for l, h in cands}, mode=ablation, seed=args.seed).table
+    return {r.heads: {"accuracy": float(r.accuracy), "delta_accuracy": float(r.delta_accuracy),
+                      "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)} for r in tab.itertuples()}
 
 
 def cmd_screen(args):
@@ -153,86 +155,70 @@ def cmd_screen(args):
 
     check_out(args.out)
     check_head_spec(args.heads or "")
+    _check_sizes(args)
     lm, task = _load(args)
+    if args.heldout and task.split is None:
+        raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
     if args.shard:
         heads = shard_heads(heads, *args.shard)
     enc = encode_task(lm, task)
-    means = _means(lm, enc, args.mode)
+    ablation = _ablation(lm, enc, args.mode)
     out = _header(lm, task, args)
     out["method"] = args.method
     if args.shard:
         out["shard"] = f"{args.shard[0]}/{args.shard[1]}"
     if args.method != "exact":
-        from .screening import compressed_screen, gradient_screen
-
-        if args.method == "gradient":
-            ap = gradient_screen(lm, task, mode=args.mode, means=means, enc=enc, progress=not args.quiet)
-        else:
-            ap = compressed_screen(lm, task, mode=args.mode, means=means, seed=args.seed, enc=enc,
-                                   progress=not args.quiet)
-        wanted = set(heads)
-        out["cost"] = {"forward_equivalents": ap.forward_equivalents, "n_evaluations": ap.n_evaluations}
-        out["heads"] = [{"layer": l, "head": h, "estimated_delta_margin": float(e)}
-                        for (l, h), e in zip(ap.heads, ap.estimate) if (l, h) in wanted]
-        out["timing"] = {"seconds": round(ap.seconds, 3)}
+        out.update(_approximate_screen(lm, task, enc, heads, ablation, args))
         emit(out, args.out)
         return
-    sc = screen(lm, task, heads=heads, mode=args.mode, means=means, enc=enc, progress=not args.quiet,
-                max_tokens=args.max_tokens)
+    sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet, max_tokens=args.max_tokens)
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
     tab = sc.stats(seed=args.seed)
-    out["candidate_rule"] = ("delta_accuracy > 0 and q_value < 0.10 (paired bootstrap, Benjamini-Hochberg over "
-                             "screened heads) and margin_ci_low > 0")
+    out["candidate_rule"] = defaults.candidate_rule(defaults.FDR)
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
                      "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
                      "delta_margin": float(r.delta_margin), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
                      "p_value": float(r.p_value), "q_value": float(r.q_value),
                      "margin_ci_low": float(r.margin_ci_low), "margin_ci_high": float(r.margin_ci_high),
                      "candidate": bool(r.candidate)} for r in tab.itertuples()]
-    if args.heldout:
-        from .screening import recheck
-        from .tasks import load_task
-
-        if task.split is None:
-            raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
-        cands = [(int(r.layer), int(r.head_index)) for r in tab.itertuples() if r.candidate]
-        if cands:
-            held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
-            chk = recheck(lm, held, {f"L{l}H{h}": [(l, h)] for l, h in cands}, mode=args.mode, seed=args.seed)
-            by_name = {r.heads: r for r in chk.itertuples()}
-            for h in out["heads"]:
-                r = by_name.get(f"L{h['layer']}H{h['head']}")
-                if r is not None:
-                    h["heldout"] = {"accuracy": float(r.accuracy), "delta_accuracy": float(r.delta_accuracy),
-                                    "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)}
+    cands = [(int(r.layer), int(r.head_index)) for r in tab.itertuples() if r.candidate]
+    if args.heldout and cands:
+        held = _heldout_check(lm, args, cands, ablation)
+        for h in out["heads"]:
+            if f"L{h['layer']}H{h['head']}" in held:
+                h["heldout"] = held[f"L{h['layer']}H{h['head']}"]
     out["timing"] = {"seconds": round(sc.seconds, 3)}
     emit(out, args.out)
 
 
+def _ranked_from_screen_file(path: str) -> list[dict]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            scr = json.load(f)
+        return sorted(scr["heads"], key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CELError(f"cannot read screen {path}: {e}") from None
+
+
 def cmd_search(args):
     from .ablation import parse_heads
+    from .joint import search_heads
     from .screening import screen
-    from .search import search_heads
     from .tasks import load_task
 
     check_out(args.out)
-    if not 1 <= args.pool <= 12:
-        raise CELError("--pool must be between 1 and 12")
+    _check_sizes(args)
+    if not 1 <= args.pool <= defaults.SEARCH_POOL_MAX:
+        raise CELError(f"--pool must be between 1 and {defaults.SEARCH_POOL_MAX}")
     if args.max_size < 1 or args.random_sets < 0:
         raise CELError("--max-size must be at least 1 and --random-sets at least 0")
-    if args.screen:
-        try:
-            with open(args.screen, encoding="utf-8") as f:
-                scr = json.load(f)
-            ranked = sorted(scr["heads"], key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CELError(f"cannot read screen {args.screen}: {e}") from None
+    ranked = _ranked_from_screen_file(args.screen) if args.screen else None
     lm, task = _load(args)
     if task.split is None:
         raise CELError("cel search needs a built-in task (search and held-out splits)")
     held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
-    if not args.screen:
+    if ranked is None:
         tab = screen(lm, task, mode=args.mode, progress=False).table
         ranked = [{"layer": int(r.layer), "head": int(r.head_index)} for r in
                   tab.sort_values("delta_margin", ascending=False).itertuples()]
@@ -329,8 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weights dtype (float32 default and tested; bfloat16 on GPUs)")
         sp.add_argument("--no-cache", action="store_true",
                         help="do not read or write the result cache ($CEL_CACHE_DIR, default ~/.cache/cel_utils)")
-        sp.add_argument("--max-tokens", type=int, default=8192,
-                        help="padded tokens per forward pass: bounds memory (default 8192)")
+        sp.add_argument("--max-tokens", type=int, default=defaults.MAX_TOKENS,
+                        help=f"padded tokens per forward pass: bounds memory (default {defaults.MAX_TOKENS})")
 
     e = sub.add_parser("eval", help="evaluate with a head set ablated together")
     common(e)
@@ -352,10 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("search", help="joint ablation search over the top screened heads")
     common(se)
     se.add_argument("--screen", default=None, help="a `cel screen --out` file to take the pool from")
-    se.add_argument("--pool", type=int, default=8, help="top m heads of the screen (m <= 12)")
+    se.add_argument("--pool", type=int, default=8, help=f"top m heads of the screen (m <= {defaults.SEARCH_POOL_MAX})")
     se.add_argument("--max-size", type=int, default=3)
     se.add_argument("--strategy", default="greedy", choices=["exhaustive", "greedy", "beam"])
-    se.add_argument("--random-sets", type=int, default=100)
+    se.add_argument("--random-sets", type=int, default=defaults.RANDOM_SETS)
     se.set_defaults(fn=cmd_search)
 
     mg = sub.add_parser("merge", help="combine `cel screen --shard K/N` outputs into one screen")

@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,22 +98,19 @@ class LoadedModel:
     head_dim: int
     weights_hash: str  # sha256 of the weights file(s), first 16 hex digits
     source: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @property
-    def n_total_heads(self) -> int:
-        return self.n_layers * self.n_heads
-
-    def layers(self) -> list:
-        return list(_get_attr(self.model, FAMILIES[self.family][0]))
+    def decoder_layers(self) -> torch.nn.ModuleList:
+        """The model's live list of decoder layers (assigning an entry replaces that layer in the model)."""
+        return _get_attr(self.model, FAMILIES[self.family][0])
 
     def out_proj(self, layer: int) -> torch.nn.Module:
         """The attention output projection of `layer` (its input is the concatenated heads)."""
-        return _get_attr(self.layers()[layer], FAMILIES[self.family][1])
+        return _get_attr(self.decoder_layers[layer], FAMILIES[self.family][1])
 
     def info(self) -> dict:
         return {"model": self.name, "family": self.family, "n_layers": self.n_layers,

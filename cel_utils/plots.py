@@ -60,7 +60,7 @@ def head_heatmap(table: pd.DataFrame, value: str, n_layers: int, n_heads: int, t
     fig = go.Figure(go.Heatmap(
         z=z, x=[f"H{h}" for h in range(n_heads)], y=[f"L{l}" for l in range(n_layers)],
         colorscale="RdBu", zmid=zmid, zmin=zmid - lim, zmax=zmid + lim, colorbar=dict(title=value),
-        hovertemplate="L%{y} %{x}<br>" + value + " = %{z:.3f}<extra></extra>".replace("L%{y}", "%{y}")))
+        hovertemplate="%{y} %{x}<br>" + value + " = %{z:.3f}<extra></extra>"))
     fig.update_layout(title=title or f"{value} when each head is ablated alone (blue: removal helps)",
                       yaxis=dict(autorange="reversed", title="layer"), xaxis=dict(title="head"),
                       height=max(320, 18 * n_layers + 120), width=max(420, 60 * n_heads + 220))
@@ -210,7 +210,7 @@ def search_trajectory(js, title: str | None = None) -> go.Figure:
     return fig
 
 
-def random_control(js, title: str | None = None) -> go.Figure:
+def random_control_figure(js, title: str | None = None) -> go.Figure:
     """Held-out change of random head sets of each size (from all heads), with the found set marked."""
     rc = js.random_control
     sizes = sorted(rc["size"].unique())

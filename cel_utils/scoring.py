@@ -17,9 +17,9 @@ Choices of an item share their prompt: input sequences that are equal, or a pref
 the same item, are run once (one-token choices need a single pass over the prompt).
 
 Example:
-    >>> from cel_utils.scoring import encode_task, evaluate        # doctest: +SKIP
+    >>> from cel_utils.scoring import encode_task, plain_evaluate  # doctest: +SKIP
     >>> enc = encode_task(lm, task)                                  # doctest: +SKIP
-    >>> res = evaluate(lm, enc)                                      # doctest: +SKIP
+    >>> res = plain_evaluate(lm, enc)                                # doctest: +SKIP
     >>> res.accuracy, res.mean_margin                                # doctest: +SKIP
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .ablation import HeadAblator, pad_id, pad_right
+from .ablation import Ablation, HeadAblator, head_mask, pad_id, pad_right
 from .errors import CELError
 
 
@@ -52,9 +52,12 @@ class EncodedTask:
     def n_reads(self) -> int:
         return len(self.read_seq)
 
-    @property
-    def n_tokens(self) -> int:
-        return sum(len(s) for s in self.inputs)
+    def reads_of(self, seqs) -> np.ndarray:
+        """Indices of the reads made on the input sequences ``seqs``, sequence by sequence, in read order."""
+        order = np.argsort(self.read_seq, kind="stable")
+        bounds = np.searchsorted(self.read_seq[order], np.arange(len(self.inputs) + 1))
+        parts = [order[bounds[s]:bounds[s + 1]] for s in seqs]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _tokens(tok, text: str) -> list[int]:
@@ -117,9 +120,10 @@ class ItemResults:
     def mean_margin(self):
         return self.margin.mean(axis=-1)
 
-    def row(self, i: int) -> "ItemResults":
-        cs = None if self.choice_scores is None else self.choice_scores[i:i + 1]
-        return ItemResults(self.correct[i:i + 1], self.margin[i:i + 1], cs)
+    def rows(self, idx) -> "ItemResults":
+        """The results of some head sets (``idx``: a slice or a list of row indices)."""
+        cs = None if self.choice_scores is None else self.choice_scores[idx]
+        return ItemResults(self.correct[idx], self.margin[idx], cs, seconds=self.seconds, cached=self.cached)
 
 
 def aggregate(enc: EncodedTask, lp: np.ndarray, gap: np.ndarray, read_item=None, read_choice=None) -> ItemResults:
@@ -185,30 +189,17 @@ def batches_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=None, max_tokens: int = 8192,
-             use_cache: bool | None = None) -> ItemResults:
-    """Evaluate one head set (ablated together) on an encoded task; logits only where reads are.
-
-    For many head sets at once use :func:`cel_utils.screening.evaluate_head_sets` (much faster).
-    """
-    from .screening import evaluate_head_sets
-
-    return evaluate_head_sets(lm, enc, [list(heads)], mode=mode, means=means, max_tokens=max_tokens,
-                              progress=False, use_cache=use_cache)
-
-
-@torch.no_grad()
-def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: str = "zero", means=None, batch_size: int = 16,
-                   ablator: HeadAblator | None = None) -> ItemResults:
+def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zero", means=None,
+                   batch_size: int = 16, ablator: HeadAblator | None = None) -> ItemResults:
     """The reference: every (item, choice) sequence run in full, full-vocabulary log-softmax, one head set.
 
-    This is what a plain loop does; the engine must reproduce it.
+    This is what a plain loop does; the engine (:mod:`cel_utils.engine`) must reproduce it. ``ablator``: an
+    attached :class:`~cel_utils.ablation.HeadAblator` to reuse (then ``mode``/``means`` are its own).
     """
-    from .ablation import head_mask
-
     own = ablator is None
     if own:
-        ablator = HeadAblator(lm, mode=mode, means=means).attach()
+        ab = Ablation.of(mode, means).resolved(lm, enc.inputs)
+        ablator = HeadAblator(lm, mode=ab.mode, means=ab.means).attach()
     try:
         ablator.set_masks(head_mask(lm, list(heads)) if heads else None)
         lps, gaps, ri, rc = [], [], [], []

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .defaults import ALPHA, N_BOOT
 
-def paired_bootstrap(base: np.ndarray, ablated: np.ndarray, n_boot: int = 2000, seed: int = 0,
-                     alpha: float = 0.05) -> dict:
+
+def paired_bootstrap(base: np.ndarray, ablated: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                     alpha: float = ALPHA) -> dict:
     """Bootstrap over items of mean(ablated - base): point estimate, percentile CI, two-sided p-value.
 
     ``base`` and ``ablated`` are per-item values ``[n_items]`` on the *same* items (paired).
@@ -38,8 +40,8 @@ def paired_bootstrap(base: np.ndarray, ablated: np.ndarray, n_boot: int = 2000, 
     return {"delta": est, "ci_low": float(lo), "ci_high": float(hi), "p_value": p}
 
 
-def paired_bootstrap_many(base: np.ndarray, ablated: np.ndarray, n_boot: int = 2000, seed: int = 0,
-                          alpha: float = 0.05) -> dict[str, np.ndarray]:
+def paired_bootstrap_many(base: np.ndarray, ablated: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                          alpha: float = ALPHA) -> dict[str, np.ndarray]:
     """Vectorised :func:`paired_bootstrap` for many rows: ``base [n_items]``, ``ablated [rows, n_items]``.
 
     All rows use the same resamples of items (so rows are comparable).

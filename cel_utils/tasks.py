@@ -333,10 +333,10 @@ def load_task(name: str, split: str = "search", n: int | None = None, seed: int 
 def _take(task: Task, n: int | None) -> Task:
     if n is not None:
         if n < 1:
-            raise CELError(f"--n must be at least 1, got {n}")
+            raise CELError(f"the number of items must be at least 1, got {n}")
         if n > len(task.items):
             where = f"split {task.split!r} of " if task.split else ""
-            raise CELError(f"--n {n} is larger than the {len(task.items)} items in {where}task {task.name!r}")
+            raise CELError(f"{n} items requested: larger than the {len(task.items)} items in {where}task {task.name!r}")
         task.items = task.items[:n]
     return task
 

@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-TYPES = ("A", "B", "C", "D")
 
 
 @dataclass(frozen=True)
@@ -145,10 +144,6 @@ class Params:
     def values(self) -> torch.Tensor:
         return self.a * self.b  # [runs, head]
 
-    def tensors(self) -> list:
-        ts = [self.a, self.b]
-        return ts + ([self.q, self.k] if self.q is not None else [self.theta])
-
 
 def init_params(runs: int, n_heads: int, sigma: float | torch.Tensor, seed: int = 0, value: str = "factored",
                 qk: str = "combined", qk_scale: float = 0.3, d_qk: int = 4) -> Params:
@@ -194,7 +189,6 @@ class Run:
     L_star: float = 0.0
     W_star: np.ndarray | None = None
     value: str = "factored"
-    final_params: dict = field(default_factory=dict)  # "a", "b" [runs, head], "scores" [runs, head, type]
 
     # ---- measures -----------------------------------------------------------------------------
     @property
@@ -327,8 +321,7 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
     return Run(setup=setup, n_heads=n_heads, sigma=sig, seeds=run_seeds, steps=steps, lr=lr,
                history={k: np.stack(v) for k, v in hist.items()}, record_steps=np.array(rec_steps),
                final_W=W.numpy(), final_Wh=Wh.numpy(), final_att=att.numpy(), L_star=L_star, W_star=W_star,
-               value=value, final_params={"a": P.a.detach().numpy(), "b": P.b.detach().numpy(),
-                                          "scores": P.scores().detach().numpy()})
+               value=value)
 
 
 def run(n_heads: int = 4, sigma: float = 1e-4, seed: int = 0, steps: int = 4000, lr: float = 0.5,

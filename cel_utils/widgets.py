@@ -36,24 +36,13 @@ def theory_explorer(steps: int = 3000):
     return box
 
 
-def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_items_shown: int = 5):
-    """A layers x heads grid of toggle buttons: ablate any head set on the real model and see the result.
-
-    Shows accuracy and mean margin against the unablated model, and which items flip (wrong -> right and
-    right -> wrong). Controls choose the ablation mode and the split (search, or held-out if given).
-    """
+def _head_buttons(lm, preset=()):
+    """One toggle button per head, in rows of layers: ``({(layer, head): button}, [row boxes])``."""
     import ipywidgets as W
-    import numpy as np
-    from IPython.display import display
 
-    from .ablation import compute_head_means, head_name
-    from .scoring import encode_task, evaluate
+    from .ablation import head_name
 
-    splits = {"search": task} if heldout is None else {"search": task, "held-out": heldout}
-    encs = {k: encode_task(lm, t) for k, t in splits.items()}
-    means_cache: dict = {}
-    buttons = {}
-    rows = []
+    buttons, rows = {}, []
     for l in range(lm.n_layers):
         row = [W.HTML(f"<code>L{l}</code>", layout=W.Layout(width="40px"))]
         for h in range(lm.n_heads):
@@ -62,6 +51,43 @@ def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_
             buttons[(l, h)] = b
             row.append(b)
         rows.append(W.HBox(row))
+    return buttons, rows
+
+
+def _print_flips(items, heads, base, abl, max_items_shown: int) -> None:
+    """What an ablation did to the items: accuracy and margin before and after, and the items that flip."""
+    import numpy as np
+
+    from .ablation import head_name
+
+    fixed = np.flatnonzero(~base.correct[0] & abl.correct[0])
+    broken = np.flatnonzero(base.correct[0] & ~abl.correct[0])
+    print(f"ablated: {', '.join(head_name(h) for h in heads) or '(none)'}")
+    print(f"accuracy {base.accuracy[0]:.3f} -> {abl.accuracy[0]:.3f}   "
+          f"mean margin {base.mean_margin[0]:.3f} -> {abl.mean_margin[0]:.3f}")
+    print(f"{len(fixed)} items wrong -> right, {len(broken)} right -> wrong")
+    for tag, idx in (("fixed", fixed), ("broken", broken)):
+        for i in idx[:max_items_shown]:
+            print(f"  {tag}: {items[i]['prompt'].strip().splitlines()[-1]!r}")
+
+
+def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_items_shown: int = 5):
+    """A layers x heads grid of toggle buttons: ablate any head set on the real model and see the result.
+
+    Shows accuracy and mean margin against the unablated model, and which items flip (wrong -> right and
+    right -> wrong). Controls choose the ablation mode and the split (search, or held-out if given).
+    """
+    import ipywidgets as W
+    from IPython.display import display
+
+    from .ablation import Ablation
+    from .engine import evaluate
+    from .scoring import encode_task
+
+    splits = {"search": task} if heldout is None else {"search": task, "held-out": heldout}
+    encs = {k: encode_task(lm, t) for k, t in splits.items()}
+    ablations: dict = {}  # (split, mode) -> resolved Ablation (mean mode: that split's head means, once)
+    buttons, rows = _head_buttons(lm, preset)
     mode_w = W.ToggleButtons(options=["zero", "mean"], value=mode, description="mode")
     split_w = W.ToggleButtons(options=list(splits), value="search", description="split")
     clear = W.Button(description="clear all")
@@ -70,32 +96,17 @@ def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_
     def run(*_):
         heads = [k for k, b in buttons.items() if b.value]
         enc = encs[split_w.value]
-        means = None
-        if mode_w.value == "mean":
-            if split_w.value not in means_cache:
-                means_cache[split_w.value] = compute_head_means(lm, enc.inputs)
-            means = means_cache[split_w.value]
-        base = evaluate(lm, enc, (), mode=mode_w.value, means=means)
-        abl = evaluate(lm, enc, heads, mode=mode_w.value, means=means)
-        fixed = np.flatnonzero(~base.correct[0] & abl.correct[0])
-        broken = np.flatnonzero(base.correct[0] & ~abl.correct[0])
-        items = splits[split_w.value].items
+        key = (split_w.value, mode_w.value)
+        if key not in ablations:
+            ablations[key] = Ablation.of(mode_w.value).resolved(lm, enc.inputs)
+        base = evaluate(lm, enc, (), mode=ablations[key])
+        abl = evaluate(lm, enc, heads, mode=ablations[key])
         with out:
             out.clear_output(wait=True)
-            names = ", ".join(head_name(h) for h in heads) or "(none)"
-            print(f"ablated: {names}")
-            print(f"accuracy {base.accuracy[0]:.3f} -> {abl.accuracy[0]:.3f}   "
-                  f"mean margin {base.mean_margin[0]:.3f} -> {abl.mean_margin[0]:.3f}")
-            print(f"{len(fixed)} items wrong -> right, {len(broken)} right -> wrong")
-            for tag, idx in (("fixed", fixed), ("broken", broken)):
-                for i in idx[:max_items_shown]:
-                    last = items[i]["prompt"].strip().splitlines()[-1]
-                    print(f"  {tag}: {last!r}")
+            _print_flips(splits[split_w.value].items, heads, base, abl, max_items_shown)
 
-    for b in buttons.values():
-        b.observe(run, names="value")
-    mode_w.observe(run, names="value")
-    split_w.observe(run, names="value")
+    for w in (*buttons.values(), mode_w, split_w):
+        w.observe(run, names="value")
 
     def clear_all(_):
         for b in buttons.values():
@@ -163,7 +174,7 @@ _EXPLORER_JS = """
 def subset_explorer_html(data: dict) -> str:
     """Self-contained HTML + JS: toggle pool heads and read the exact precomputed figures of that subset.
 
-    ``data`` is :meth:`cel_utils.search.JointSearch.explorer_data` (pool names; per subset bitmask:
+    ``data`` is :meth:`cel_utils.joint.JointSearch.explorer_data` (pool names; per subset bitmask:
     search accuracy, held-out accuracy, search margin, held-out margin). Works with no kernel and no network.
 
     Example:
@@ -177,7 +188,11 @@ def subset_explorer_html(data: dict) -> str:
     import html as H
     import json
 
+    from .defaults import EXPLORER_POOL_MAX
+
     m = len(data["pool"])
+    if m > EXPLORER_POOL_MAX:
+        raise ValueError(f"the explorer embeds at most {EXPLORER_POOL_MAX} pool heads (2^m subsets), got {m}")
     if sorted(int(k) for k in data["subsets"]) != list(range(2 ** m)):
         raise ValueError(f"the explorer needs all {2 ** m} subsets of the pool")
     blob = json.dumps({"pool": data["pool"], "subsets": {str(int(k)): v for k, v in data["subsets"].items()}},

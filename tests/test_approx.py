@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from cel_utils.cli import main
-from cel_utils.screening import compare_to_exact, compressed_screen, gradient_screen, screen
+from cel_utils.approximate import compare_to_exact, compressed_screen, gradient_screen
+from cel_utils.screening import screen
 from cel_utils.tasks import load_task
 
 PLANTED = [(1, 2), (2, 0)]

@@ -251,6 +251,23 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path):
     assert not (tmp_path / "03_theory.record.json").exists()
 
 
+def test_joint_search_chapter_in_mean_mode(tmp_path):
+    """Chapter 2 with mode="mean" runs end to end (on a user's own model folder: a tiny Llama)."""
+    import papermill as pm
+    from tiny import save_tiny
+
+    d = save_tiny(tmp_path / "model", "llama")
+    params = {"models": [d], "tasks": {d: ["agreement", "sentiment"]}, "cost_tasks": {d: ["agreement", "sentiment"]},
+              "n_items": 6, "screen_heads": "all", "pool_size": 3, "max_size": 2, "random_sets": 3, "mode": "mean",
+              "live_grid": False}
+    pm.execute_notebook(str(book.NOTEBOOKS / "02_joint_search.ipynb"), str(tmp_path / "out.ipynb"),
+                        parameters=params, kernel_name="python3", cwd=str(tmp_path), progress_bar=False)
+    r = json.loads((tmp_path / "02_joint_search.record.json").read_text())
+    assert [p["task"] for p in r["pairs"]] == ["agreement", "sentiment"]
+    for p in r["pairs"]:
+        assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [0, 1, 2]
+
+
 PAGES = ["book/intro", "book/models_and_tasks", "book/course_guide", "book/glossary", "book/bibliography",
          "book/chapters/execution_status"]
 

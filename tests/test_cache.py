@@ -4,7 +4,7 @@ import numpy as np
 
 from cel_utils import cache
 from cel_utils.scoring import encode_task
-from cel_utils.screening import evaluate_head_sets
+from cel_utils.engine import evaluate_head_sets
 from cel_utils.tasks import load_task
 
 
@@ -40,7 +40,7 @@ def test_no_cache(tiny_llama, tmp_path, monkeypatch):
 
 
 def test_cached_screen_keeps_its_compute_time(tiny_llama, tmp_path, monkeypatch):
-    from cel_utils.screening import forward_equivalents_for_screen, screen
+    from cel_utils.screening import screen
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
     task = load_task("agreement", n=4)
@@ -51,4 +51,4 @@ def test_cached_screen_keeps_its_compute_time(tiny_llama, tmp_path, monkeypatch)
     assert np.array_equal(a.results.margin, b.results.margin)
     # cost accounting uses the model's depth, not the deepest screened head
     assert a.n_layers == tiny_llama.n_layers > 1
-    assert forward_equivalents_for_screen(a) == 1 + 2 * 1.0
+    assert a.forward_equivalents == 1 + 2 * 1.0

@@ -150,3 +150,45 @@ def test_screen_statistics_and_heldout(tiny_dir, tmp_path, capsys):
         assert h["margin_ci_low"] - 1e-9 <= h["delta_margin"] <= h["margin_ci_high"] + 1e-9
         assert 0 <= h["p_value"] <= h["q_value"] + 1e-12 <= 1 + 1e-12
         assert ("heldout" in h) == h["candidate"]
+
+
+def test_mean_mode_in_every_command(tiny_dir, tmp_path, capsys, monkeypatch):
+    """--mode mean works in eval, every screen method, screen --heldout with candidates, and search."""
+    from cel_utils import screening
+
+    base = ["--model", tiny_dir, "--task", "agreement", "--n", "6", "--mode", "mean"]
+    outs = {}
+    for name, argv in {
+        "eval": ["eval", *base, "--ablate", "L0H1"],
+        "exact": ["screen", *base, "--heads", "L0,L1", "--quiet"],
+        "gradient": ["screen", *base, "--method", "gradient", "--quiet"],
+        "compressed": ["screen", *base, "--method", "compressed", "--quiet"],
+        "search": ["search", *base, "--pool", "3", "--max-size", "2", "--random-sets", "3"],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        code, _, err = run(argv + ["--out", str(out)], capsys)
+        assert code == 0, (name, err)
+        outs[name] = json.loads(out.read_text())
+        assert outs[name]["mode"] == "mean"
+    # mean ablation is not zero ablation: the same head changes the margin differently
+    code, _, err = run(["eval", *base[:-1], "zero", "--ablate", "L0H1", "--out", str(tmp_path / "z.json")], capsys)
+    zero = json.loads((tmp_path / "z.json").read_text())
+    assert zero["ablated"]["mean_margin"] != pytest.approx(outs["eval"]["ablated"]["mean_margin"], abs=1e-6)
+    assert len(outs["search"]["best"]) == 2
+
+    # --heldout re-checks candidates; force two candidates so that the held-out path runs in mean mode
+    original = screening.Screen.stats
+
+    def with_candidates(self, *a, **k):
+        tab = original(self, *a, **k)
+        tab["candidate"] = [i < 2 for i in range(len(tab))]
+        return tab
+
+    monkeypatch.setattr(screening.Screen, "stats", with_candidates)
+    out = tmp_path / "held.json"
+    code, _, err = run(["screen", *base, "--heads", "L0", "--heldout", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    held = [h for h in json.loads(out.read_text())["heads"] if "heldout" in h]
+    assert len(held) == 2
+    for h in held:
+        assert h["heldout"]["ci_low"] - 1e-9 <= h["heldout"]["delta_accuracy"] <= h["heldout"]["ci_high"] + 1e-9

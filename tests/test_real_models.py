@@ -7,7 +7,8 @@ import torch
 from cel_utils.ablation import ablate_heads, pad_right
 from cel_utils.errors import CELError
 from cel_utils.models import load_model
-from cel_utils.scoring import encode_task, evaluate
+from cel_utils.engine import evaluate
+from cel_utils.scoring import encode_task
 from cel_utils.screening import plain_screen, screen
 from cel_utils.tasks import load_task
 

@@ -3,8 +3,9 @@ import pytest
 import torch
 
 from cel_utils.ablation import compute_head_means
-from cel_utils.scoring import encode_task, evaluate, plain_evaluate
-from cel_utils.screening import common_prefix, evaluate_head_sets, plain_screen, screen
+from cel_utils.engine import common_prefix, evaluate, evaluate_head_sets
+from cel_utils.scoring import encode_task, plain_evaluate
+from cel_utils.screening import plain_screen, screen
 from cel_utils.tasks import Task, load_task
 
 

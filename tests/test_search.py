@@ -115,8 +115,8 @@ def test_joint_search_on_tiny_model(tiny_llama):
     """Every subset is evaluated; the table agrees with direct evaluation; strategies and controls are consistent."""
     from cel_utils.ablation import parse_heads
     from cel_utils.scoring import encode_task
-    from cel_utils.screening import evaluate_head_sets
-    from cel_utils.search import joint_search
+    from cel_utils.engine import evaluate_head_sets
+    from cel_utils.joint import joint_search
     from cel_utils.tasks import load_task
 
     lm = tiny_llama
@@ -152,7 +152,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
 
 
 def test_joint_search_rejects_bad_pools(tiny_llama):
-    from cel_utils.search import joint_search
+    from cel_utils.joint import joint_search
     from cel_utils.tasks import load_task
 
     s = load_task("agreement", n=4)
@@ -163,7 +163,7 @@ def test_joint_search_rejects_bad_pools(tiny_llama):
 
 
 def test_cross_task_table(tiny_llama):
-    from cel_utils.search import cross_task
+    from cel_utils.joint import cross_task
     from cel_utils.tasks import load_task
 
     tasks = {"agreement": load_task("agreement", n=8), "ioi": load_task("ioi", n=8)}

@@ -1,0 +1,42 @@
+"""Defaults in one place: every function, the CLI help and the rule texts read them from here.
+
+Example:
+    >>> from cel_utils import defaults
+    >>> defaults.N_BOOT, defaults.FDR
+    (2000, 0.1)
+"""
+
+# Engine: padded tokens per forward pass (bounds memory). The gradient screen keeps activations for the
+# backward pass, so it takes half as many tokens per batch.
+MAX_TOKENS = 8192
+GRADIENT_MAX_TOKENS = 4096
+
+# Statistics over items
+N_BOOT = 2000        # bootstrap resamples
+ALPHA = 0.05         # two-sided level of the confidence intervals (95%)
+FDR = 0.10           # false-discovery rate of the candidate rule (Benjamini-Hochberg)
+
+# Joint search
+TIE_BREAK = 1e-3     # weight of the mean margin in a set's search score (orders sets with equal accuracy)
+POOL_MAX = 10        # largest pool whose 2^m subsets the joint search evaluates
+SEARCH_POOL_MAX = 12  # largest pool `cel search` accepts (its strategies evaluate far fewer than 2^m sets)
+EXPLORER_POOL_MAX = 8  # largest pool the kernel-free explorer embeds (2^8 subsets per page)
+RANDOM_SETS = 100    # random head sets per size in the random-set control
+BEAM_WIDTH = 3
+
+# Approximate screens
+GRADIENT_FORWARD_EQUIVALENTS = 3.0  # one forward and one backward (a backward costs about two forwards)
+LASSO_CV = 5                        # compressed sensing: folds, grid size and iteration cap of LassoCV
+LASSO_N_ALPHAS = 30
+LASSO_MAX_ITER = 20000
+
+
+def candidate_rule(fdr: float = FDR) -> str:
+    """The candidate rule as the CLI and the book state it.
+
+    Example:
+        >>> candidate_rule(0.1)[:40]
+        'delta_accuracy > 0 and q_value < 0.1 (pa'
+    """
+    return (f"delta_accuracy > 0 and q_value < {fdr:g} (paired bootstrap, Benjamini-Hochberg over "
+            "screened heads) and margin_ci_low > 0")

@@ -1,0 +1,280 @@
+"""The exact engine: many head sets evaluated on every item, with the plain loop's numbers.
+
+:func:`evaluate_head_sets` gives the same per-item results as :func:`cel_utils.scoring.plain_evaluate` (one
+full forward per head set over every (item, choice) sequence) and uses the structure of the problem:
+
+* layers below the first ablated layer ``l`` are unchanged, so one clean pass per batch caches every
+  layer's input residual ``[batch, pos, d_model]`` and ablated passes start at layer ``l``
+  (:func:`skip_layers_below`);
+* several head sets are evaluated in one batched forward, one head set per group of rows;
+* logits are computed only at the positions that scoring reads;
+* each item's prompt is run once for all its one-token choices (see :mod:`cel_utils.scoring`), and a
+  prompt prefix that every item shares (few-shot demonstrations) once per head set (:func:`common_prefix`).
+
+Example:
+    >>> from cel_utils.engine import evaluate_head_sets      # doctest: +SKIP
+    >>> res = evaluate_head_sets(lm, enc, [[], [(14, 8)], [(14, 8), (11, 8)]])   # doctest: +SKIP
+    >>> res.accuracy                                          # doctest: +SKIP
+    array([0.25, 0.41, 0.47])
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import cache
+from .ablation import Ablation, Head, HeadAblator, pad_id, pad_right, row_masks
+from .defaults import MAX_TOKENS
+from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
+
+
+def forward_equivalents(n_layers: int, head_sets: Sequence[Sequence[Head]]) -> float:
+    """Cost of evaluating head sets with the engine, in clean full forwards: 1 (the clean pass) plus, per set,
+    the fraction of layers it recomputes (from its first ablated layer up).
+
+    Example:
+        >>> forward_equivalents(4, [[(0, 1)], [(2, 0), (3, 1)], []])
+        2.5
+    """
+    return 1.0 + sum((n_layers - min(l for l, _ in hs)) / n_layers for hs in head_sets if hs)
+
+
+class _Stub(torch.nn.Module):
+    """Stands in for a decoder layer below the first ablated layer: returns a cached residual."""
+
+    def __init__(self, out: torch.Tensor | None):
+        super().__init__()
+        self.out = out
+
+    def forward(self, *args, **kwargs):
+        if self.out is not None:
+            return self.out
+        return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def skip_layers_below(lm, layer: int, residual: torch.Tensor | None):
+    """Run the model from ``layer`` up: decoder layers ``0 .. layer-1`` are replaced by stubs, the last of
+    which returns ``residual`` (the input of ``layer`` from a clean pass, ``[batch, pos, d_model]``).
+
+    The ``transformers`` contract this relies on (checked for every supported family by the engine-vs-plain
+    tests): the base model calls the entries of its decoder-layer list in order, passing the hidden states
+    as the first argument (or ``hidden_states=``), and uses a layer's return value, a tensor, as the next
+    layer's input. Rotary embeddings, masks and caches are computed outside the layers, so they are the same
+    as in a full pass. The original layers are always put back.
+    """
+    layers = lm.decoder_layers
+    originals = [layers[j] for j in range(layer)]
+    try:
+        for j in range(layer):
+            layers[j] = _Stub(residual if j == layer - 1 else None)
+        yield
+    finally:
+        for j, mod in enumerate(originals):
+            layers[j] = mod
+
+
+@contextmanager
+def capture_layer_inputs(lm):
+    """Record each decoder layer's input residual during a forward: yields a list ``[n_layers]`` of tensors."""
+    captured: list = [None] * lm.n_layers
+
+    def hook_for(j):
+        def hook(module, args, kwargs):
+            captured[j] = (args[0] if args else kwargs["hidden_states"]).detach()
+        return hook
+
+    handles = [lm.decoder_layers[j].register_forward_pre_hook(hook_for(j), with_kwargs=True)
+               for j in range(lm.n_layers)]
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
+    """The longest token prefix shared by every input and ending before the first read of any input.
+
+    Few-shot prompts share their demonstrations: that prefix is run once per forward and its keys and
+    values are reused by every item. Returns [] when the shared part is shorter than ``min_len``.
+    """
+    if not enc.inputs:
+        return []
+    first = enc.inputs[0]
+    n = min(len(x) for x in enc.inputs)
+    for x in enc.inputs[1:]:
+        i = 0
+        while i < n and x[i] == first[i]:
+            i += 1
+        n = i
+        if n < min_len:
+            return []
+    n = min(n, int(enc.read_pos.min()))  # every read must sit after the prefix
+    return list(first[:n]) if n >= min_len else []
+
+
+def _cache_kw(base) -> str:
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.Tensor, repeat: int):
+    """Run the shared prefix ``prefix_ids [k, P]`` once, then give the body pass its keys/values.
+
+    Each prefix row is repeated ``repeat`` times (rows of the body are [prefix row, sequence]). Returns the
+    body's attention mask (prefix + suffix) and the keyword arguments for ``base(input_ids=ids, ...)``.
+    """
+    P = prefix_ids.shape[1]
+    out = base(input_ids=prefix_ids, use_cache=True)
+    pkv = out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+    pkv.batch_repeat_interleave(repeat)
+    dev = ids.device
+    att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
+    kw = {_cache_kw(base): pkv, "use_cache": True,
+          "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)}
+    return att, kw
+
+
+def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
+                       means: torch.Tensor | None = None, max_tokens: int = MAX_TOKENS, progress: bool = True,
+                       desc: str = "evaluating head sets", share_prefix: bool = True,
+                       use_cache: bool | None = None) -> ItemResults:
+    """Evaluate each head set (heads in a set ablated together) on every item.
+
+    Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
+    ``mode`` is ``"zero"``, ``"mean"`` (head means over these prompts unless ``means`` is given) or an
+    :class:`~cel_utils.ablation.Ablation`. ``max_tokens`` bounds the padded tokens per forward (memory). With
+    ``share_prefix`` a prompt prefix common to all items is run once per head set and its keys/values reused.
+    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``use_cache=False`` or ``CEL_NO_CACHE=1``.
+    """
+    ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
+    use_cache = cache.enabled() if use_cache is None else use_cache
+    key = None
+    if use_cache:
+        key = cache.make_key(lm, enc, head_sets, ablation.mode, "exact", ablation.fingerprint())
+        hit = cache.load(key)
+        if hit is not None and hit["correct"].shape == (len(head_sets), enc.n_items):
+            secs = float(hit["seconds"]) if "seconds" in hit else None
+            return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"), seconds=secs, cached=True)
+    t0 = time.perf_counter()
+    lp, gap = _read_stats_per_set(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix)
+    res = aggregate(enc, lp, gap)
+    res.seconds = time.perf_counter() - t0
+    if key is not None:
+        arrays = {"correct": res.correct, "margin": res.margin, "seconds": np.array(res.seconds)}
+        if res.choice_scores is not None:
+            arrays["choice_scores"] = res.choice_scores
+        cache.store(key, arrays)
+    return res
+
+
+def evaluate(lm, enc: EncodedTask, heads: Sequence[Head] = (), mode: str | Ablation = "zero", means=None,
+             max_tokens: int = MAX_TOKENS, use_cache: bool | None = None) -> ItemResults:
+    """Evaluate one head set (ablated together): :func:`evaluate_head_sets` with a single set."""
+    return evaluate_head_sets(lm, enc, [list(heads)], mode=mode, means=means, max_tokens=max_tokens,
+                              progress=False, use_cache=use_cache)
+
+
+@dataclass
+class _Batch:
+    """One batch of input sequences (their suffixes after the shared prefix) and the reads they hold."""
+
+    ids: torch.Tensor  # [B, pos]
+    att: torch.Tensor  # [B, pos]
+    reads: np.ndarray  # [reads] indices into the task's reads
+    rows: torch.Tensor  # [reads] batch row of each read
+    pos: torch.Tensor  # [reads] position of each read in the suffix
+    tok: torch.Tensor  # [reads] token each read scores
+
+
+def _plan(lm, enc, head_sets, max_tokens, P):
+    """Batches of sequences, and per batch the forwards: (first ablated layer, the sets that start there)."""
+    lengths = [len(x) - P for x in enc.inputs]
+    batches = batches_by_tokens(lengths, max_tokens)
+    groups: dict[int, list[int]] = {}
+    for s, hs in enumerate(head_sets):
+        groups.setdefault(min(l for l, _ in hs) if len(hs) else -1, []).append(s)
+    plan = []
+    for seqs in batches:
+        T = max(lengths[i] for i in seqs)
+        per_fwd = max(1, max_tokens // ((T + P) * len(seqs)))
+        plan.append([(l, groups[l][c:c + per_fwd]) for l in sorted(k for k in groups if k >= 0)
+                     for c in range(0, len(groups[l]), per_fwd)])
+    return batches, plan, groups.get(-1, [])
+
+
+@torch.no_grad()
+def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max_tokens, progress, desc,
+                        share_prefix) -> tuple[np.ndarray, np.ndarray]:
+    """Per-read log-prob and logit gap ``[n_sets, n_reads]`` of every head set."""
+    S = len(head_sets)
+    masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
+    lp_out = np.zeros((S, enc.n_reads), dtype=np.float64)
+    gap_out = np.zeros((S, enc.n_reads), dtype=np.float64)
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    batches, plan, unablated = _plan(lm, enc, head_sets, max_tokens, P)
+    bar = tqdm(total=len(batches) + sum(map(len, plan)), desc=desc, disable=not progress, leave=False)
+    base = lm.model.base_model
+    dev = lm.device
+    ablator = HeadAblator(lm, mode=ablation.mode, means=ablation.means).attach()
+    prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
+
+    def run(b: _Batch, k, prefix_masks, body_masks, start=0, residual=None):
+        """Forward k head sets x B sequences (rows are [set, sequence]), the body pass from layer ``start``;
+        returns the last hidden states ``[k*B, pos, d_model]``. The shared prefix always runs in full."""
+        ids, att, kw = b.ids.repeat(k, 1), b.att.repeat(k, 1), {"use_cache": False}
+        if P:
+            ablator.set_masks(prefix_masks)
+            att, kw = prefix_kwargs(base, prefix_ids.repeat(k, 1), ids, att, len(b.ids))
+        ablator.set_masks(body_masks)
+        with skip_layers_below(lm, start, residual):
+            return base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
+
+    def score(b: _Batch, hidden, k):
+        B = len(b.ids)
+        rows = (torch.arange(k, device=dev)[:, None] * B + b.rows[None]).reshape(-1)  # set j: rows j*B..
+        lp, gap = read_stats(logits_at(lm, hidden[rows, b.pos.repeat(k)]), b.tok.repeat(k))
+        return lp.view(k, -1).cpu().numpy(), gap.view(k, -1).cpu().numpy()
+
+    try:
+        for seqs, forwards in zip(batches, plan):
+            b = _batch(lm, enc, seqs, P)
+            with capture_layer_inputs(lm) as captured:  # clean pass, caching every layer's input
+                hidden = run(b, 1, None, None)
+            residuals = list(captured)
+            lp, gap = score(b, hidden, 1)
+            for s in unablated:
+                lp_out[s, b.reads], gap_out[s, b.reads] = lp[0], gap[0]
+            bar.update(1)
+            for l, ss in forwards:
+                k = len(ss)
+                hidden = run(b, k, masks[ss], masks[ss].repeat_interleave(len(seqs), dim=0), start=l,
+                             residual=residuals[l].repeat(k, 1, 1) if l > 0 else None)
+                lp, gap = score(b, hidden, k)
+                for j, s in enumerate(ss):
+                    lp_out[s, b.reads], gap_out[s, b.reads] = lp[j], gap[j]
+                bar.update(1)
+    finally:
+        ablator.detach()
+        bar.close()
+    return lp_out, gap_out
+
+
+def _batch(lm, enc: EncodedTask, seqs: list[int], P: int) -> _Batch:
+    dev = lm.device
+    ids, att = pad_right([enc.inputs[i][P:] for i in seqs], pad_id(lm))
+    reads = enc.reads_of(seqs)
+    row_of_seq = {s: r for r, s in enumerate(seqs)}
+    return _Batch(ids=ids.to(dev), att=att.to(dev), reads=reads,
+                  rows=torch.tensor([row_of_seq[int(s)] for s in enc.read_seq[reads]], device=dev),
+                  pos=torch.tensor(enc.read_pos[reads] - P, device=dev),
+                  tok=torch.tensor(enc.read_tok[reads], device=dev))

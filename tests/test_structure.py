@@ -1,0 +1,48 @@
+"""The package's layout: imports flow one way, no module reaches into another's private names."""
+
+import ast
+from pathlib import Path
+
+import cel_utils
+
+PKG = Path(cel_utils.__file__).parent
+# the order imports flow in: a module may import only from modules listed before it
+ORDER = ["errors", "defaults", "io", "cache", "models", "tasks", "ablation", "scoring", "engine", "stats",
+         "compare", "screening", "approximate", "search", "joint", "effects", "theory", "plots", "widgets",
+         "book", "cli"]
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(module imported from inside the package, names imported) for every relative import, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.append((node.module.split(".")[0], [a.name for a in node.names]))
+            else:  # from . import x, y
+                out.extend((a.name, []) for a in node.names)
+    return out
+
+
+def test_every_module_is_placed():
+    mods = {p.stem for p in PKG.glob("*.py")} - {"__init__", "__main__"}
+    assert mods == set(ORDER), f"unplaced: {mods ^ set(ORDER)}"
+
+
+def test_no_upward_import_and_no_private_names():
+    problems = []
+    for name in ORDER:
+        for mod, names in _imports(PKG / f"{name}.py"):
+            if mod == "__version__" or mod not in ORDER:
+                continue
+            if ORDER.index(mod) >= ORDER.index(name):
+                problems.append(f"{name} imports {mod} (upward or circular)")
+            problems += [f"{name} imports {mod}.{n} (private)" for n in names if n.startswith("_")]
+    assert problems == []
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The checker itself: an upward import and a private name are both found."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from .cli import main\n    from .models import _get_attr\n")
+    assert _imports(f) == [("cli", ["main"]), ("models", ["_get_attr"])]
