@@ -36,7 +36,7 @@ def candidate_rule(fdr: float = FDR) -> str:
 
     Example:
         >>> candidate_rule(0.1)[:40]
-        'delta_accuracy > 0 and q_value < 0.1 (pa'
+        'delta_accuracy > 0 and q_value < 0.1 (ex'
     """
-    return (f"delta_accuracy > 0 and q_value < {fdr:g} (paired bootstrap, Benjamini-Hochberg over "
-            "screened heads) and margin_ci_low > 0")
+    return (f"delta_accuracy > 0 and q_value < {fdr:g} (exact McNemar test on fixes and breaks, "
+            "Benjamini-Hochberg over screened heads) and margin_ci_low > 0")

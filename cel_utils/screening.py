@@ -28,7 +28,7 @@ from .compare import paired_table
 from .defaults import ALPHA, FDR, MAX_TOKENS, N_BOOT
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
-from .stats import benjamini_hochberg
+from .stats import benjamini_hochberg, fixes_breaks, mcnemar_exact
 
 
 @dataclass
@@ -69,18 +69,21 @@ class Screen:
     def stats(self, n_boot: int = N_BOOT, seed: int = 0, alpha: float = ALPHA, fdr: float = FDR) -> pd.DataFrame:
         """Per-head statistics on these items, with the candidate rule applied.
 
-        Paired bootstrap (same items with and without the ablation) CIs of the change in accuracy
-        (``ci_low``, ``ci_high``, ``p_value``; ``q_value`` = Benjamini-Hochberg over all screened heads) and
-        in mean margin (``margin_ci_low``, ``margin_ci_high``), from :func:`cel_utils.compare.paired_table`.
+        ``fixes`` / ``breaks``: items the removal turns wrong -> right / right -> wrong; ``p_value``: the exact
+        McNemar test on them; ``q_value``: Benjamini-Hochberg over all screened heads. Paired-bootstrap CIs
+        (same items with and without the ablation) of the change in accuracy (``ci_low``, ``ci_high``) and in
+        mean margin (``margin_ci_low``, ``margin_ci_high``), from :func:`cel_utils.compare.paired_table`.
 
         **Candidate rule**: removal helps on both measures — the accuracy gain is significant after FDR
         correction (``delta_accuracy > 0`` and ``q_value < fdr``) and the margin CI lies above zero.
         """
         pt = paired_table(self.table["head"], self.baseline, self.results, n_boot=n_boot, seed=seed, alpha=alpha)
         tab = self.table
-        for c in ("ci_low", "ci_high", "p_value"):
+        for c in ("ci_low", "ci_high"):
             tab[c] = pt[c].to_numpy()
-        tab["q_value"] = benjamini_hochberg(pt["p_value"].to_numpy())
+        tab["fixes"], tab["breaks"] = fixes_breaks(self.baseline.correct[0], self.results.correct)
+        tab["p_value"] = mcnemar_exact(tab["fixes"], tab["breaks"])
+        tab["q_value"] = benjamini_hochberg(tab["p_value"].to_numpy())
         tab["margin_ci_low"], tab["margin_ci_high"] = pt["margin_ci_low"].to_numpy(), pt["margin_ci_high"].to_numpy()
         tab["candidate"] = (tab.delta_accuracy > 0) & (tab.q_value < fdr) & (tab.margin_ci_low > 0)
         return tab
