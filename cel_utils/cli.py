@@ -4,7 +4,7 @@
     cel tasks
     cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
     cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--method exact|gradient|compressed]
-               [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
+               [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
@@ -23,6 +23,7 @@ from pathlib import Path
 from . import __version__, defaults
 from .errors import CELError
 from .io import dumps, write_json_atomic
+from .tasks import SPLITS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -156,6 +157,14 @@ def cmd_screen(args):
     check_out(args.out)
     check_head_spec(args.heads or "")
     _check_sizes(args)
+    if args.confirm is not None:
+        if args.confirm < 1 or args.top < 1 or not 0 < args.fdr < 1:
+            raise CELError("--confirm and --top must be at least 1 and --fdr between 0 and 1")
+        if args.method != "exact":
+            raise CELError("--confirm re-tests heads of an exact screen: use --method exact")
+        if args.split not in (None, "search"):
+            raise CELError("--confirm screens on the search split: leave out --split")
+        args.split = "search"
     lm, task = _load(args)
     if args.heldout and task.split is None:
         raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
@@ -174,8 +183,8 @@ def cmd_screen(args):
         return
     sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet, max_tokens=args.max_tokens)
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
-    tab = sc.stats(seed=args.seed)
-    out["candidate_rule"] = defaults.candidate_rule(defaults.FDR)
+    tab = sc.stats(seed=args.seed, fdr=args.fdr)
+    out["candidate_rule"] = defaults.candidate_rule(args.fdr)
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
                      "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
                      "delta_margin": float(r.delta_margin), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
@@ -188,8 +197,35 @@ def cmd_screen(args):
         for h in out["heads"]:
             if f"L{h['layer']}H{h['head']}" in held:
                 h["heldout"] = held[f"L{h['layer']}H{h['head']}"]
+    if args.confirm is not None:
+        out["confirm"] = _confirm(lm, sc, args, ablation)
     out["timing"] = {"seconds": round(sc.seconds, 3)}
     emit(out, args.out)
+
+
+def _confirm(lm, sc, args, ablation) -> dict:
+    """The top --top heads of the screen re-tested on --confirm items of the confirm split."""
+    import numpy as np
+
+    from .screening import confirm_heads
+    from .stats import min_detectable_gain
+    from .tasks import load_task
+
+    task = load_task(args.task, split="confirm", n=args.confirm, seed=args.seed)
+    tab = confirm_heads(lm, sc, task, top_k=args.top, fdr=args.fdr, mode=ablation, seed=args.seed)
+    n = len(task.items)
+    break_rate = float(np.median(tab["breaks"])) / n
+    return {"n_items": n, "fdr": args.fdr, "top": int(len(tab)),
+            "rule": f"q_value < {args.fdr:g} (exact McNemar on fixes/breaks, Benjamini-Hochberg over the top "
+                    f"{len(tab)} heads of the search split) and delta_accuracy > 0",
+            "min_detectable_gain": min_detectable_gain(n, args.fdr / max(len(tab), 1), break_rate,
+                                                       defaults.POWER),
+            "min_detectable_gain_assumes": {"power": defaults.POWER, "alpha": args.fdr / max(len(tab), 1),
+                                            "break_rate": break_rate},
+            "heads": [{"head": r.head, "delta_accuracy": float(r.delta_accuracy), "fixes": int(r.fixes),
+                       "breaks": int(r.breaks), "p_value": float(r.p_value), "q_value": float(r.q_value),
+                       "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "confirmed": bool(r.confirmed)}
+                      for r in tab.itertuples()]}
 
 
 def _ranked_from_screen_file(path: str) -> list[dict]:
@@ -214,9 +250,8 @@ def cmd_search(args):
     if args.max_size < 1 or args.random_sets < 0:
         raise CELError("--max-size must be at least 1 and --random-sets at least 0")
     ranked = _ranked_from_screen_file(args.screen) if args.screen else None
+    args.split = "search"  # the search runs on the search split and is graded on the held-out split
     lm, task = _load(args)
-    if task.split is None:
-        raise CELError("cel search needs a built-in task (search and held-out splits)")
     held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
     if ranked is None:
         tab = screen(lm, task, mode=args.mode, progress=False).table
@@ -305,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     def common(sp):
         sp.add_argument("--model", required=True, help="built-in name, local folder or Hugging Face id")
         sp.add_argument("--task", required=True, help="built-in task name or path to a .jsonl file")
-        sp.add_argument("--split", default="search", choices=["search", "heldout"])
+        sp.add_argument("--split", default=None, choices=list(SPLITS),
+                        help="built-in tasks: search (default), confirm or heldout; a JSONL file: all items unless given")
         sp.add_argument("--n", type=int, default=None, help="number of items (default: all of the split)")
         sp.add_argument("--seed", type=int, default=0)
         sp.add_argument("--mode", default="zero", choices=["zero", "mean"])
@@ -331,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--heldout", action="store_true",
                    help="re-check the candidate heads on the held-out split (same --n) in the same run")
+    s.add_argument("--confirm", type=int, default=None, metavar="C",
+                   help="re-test the top --top heads (by margin) on C items of the confirm split")
+    s.add_argument("--top", type=int, default=defaults.CONFIRM_TOP_K,
+                   help=f"heads re-tested with --confirm (default {defaults.CONFIRM_TOP_K})")
+    s.add_argument("--fdr", type=float, default=defaults.FDR,
+                   help=f"false-discovery rate of the candidate and confirmation rules (default {defaults.FDR:g})")
     s.add_argument("--shard", type=parse_shard, default=None,
                    help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
     s.set_defaults(fn=cmd_screen)

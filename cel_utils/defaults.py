@@ -14,7 +14,9 @@ GRADIENT_MAX_TOKENS = 4096
 # Statistics over items
 N_BOOT = 2000        # bootstrap resamples
 ALPHA = 0.05         # two-sided level of the confidence intervals (95%)
-FDR = 0.10           # false-discovery rate of the candidate rule (Benjamini-Hochberg)
+FDR = 0.10           # false-discovery rate of the candidate rule and of confirmation (Benjamini-Hochberg)
+CONFIRM_TOP_K = 5    # heads, ranked on the search split, re-tested on the confirm split
+POWER = 0.80         # power at which minimum detectable gains are stated
 
 # Joint search
 TIE_BREAK = 1e-3     # weight of the mean margin in a set's search score (orders sets with equal accuracy)

@@ -24,11 +24,11 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
-from .compare import paired_table
-from .defaults import ALPHA, FDR, MAX_TOKENS, N_BOOT
+from .compare import compare_sets, paired_table
+from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
-from .stats import benjamini_hochberg, fixes_breaks, mcnemar_exact
+from .stats import benjamini_hochberg, confirm_decisions, fixes_breaks, mcnemar_exact
 
 
 @dataclass
@@ -128,3 +128,26 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Abla
     res = ItemResults(np.concatenate([o.correct for o in outs]), np.concatenate([o.margin for o in outs]))
     return Screen(heads=heads, baseline=base, results=res, mode=ablation.mode, method="plain", seconds=secs,
                   n_layers=lm.n_layers)
+
+
+def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
+                  mode: str | Ablation = "zero", means=None, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Re-test the ``top_k`` heads of a screen (ranked by the change in mean margin on the screen's own items)
+    on fresh items: one row per head with ``delta_accuracy``, ``fixes``, ``breaks``, the exact McNemar
+    ``p_value``, ``q_value`` (Benjamini-Hochberg over the ``top_k`` heads), a paired-bootstrap CI and
+    ``confirmed`` (``q_value < fdr`` and a gain). The confirm items took no part in the ranking.
+
+    Example:
+        >>> sc = screen(lm, load_task("addition", "search", n=32))             # doctest: +SKIP
+        >>> confirm_heads(lm, sc, load_task("addition", "confirm", n=150))     # doctest: +SKIP
+    """
+    top = sc.top(top_k, by="delta_margin")
+    heads = {name: [(int(l), int(h))] for name, l, h in zip(top["head"], top["layer"], top["head_index"])}
+    cmp = compare_sets(lm, confirm_task, heads, mode=mode, means=means, n_boot=n_boot, seed=seed)
+    d = confirm_decisions(cmp.baseline.correct[0], cmp.results.correct, fdr)
+    tab = cmp.table[["heads", "n_items", "baseline_accuracy", "accuracy", "delta_accuracy", "ci_low", "ci_high",
+                     "delta_margin"]].rename(columns={"heads": "head"})
+    for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
+        tab[k] = d[k]
+    tab.insert(1, "search_delta_margin", top["delta_margin"].to_numpy())
+    return tab

@@ -170,3 +170,20 @@ def min_detectable_gain(n: int, alpha: float, break_rate: float = 0.0, power: fl
         return float("inf")
     last_fail = np.flatnonzero(~ok)
     return float(gains[0] if len(last_fail) == 0 else gains[last_fail[-1] + 1])
+
+
+def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict[str, np.ndarray]:
+    """The confirmation rule on fresh items: per row of ``ablated [k, n_items]`` (bool, one row per head chosen
+    elsewhere), fixes and breaks against ``base [n_items]``, the exact McNemar p-value, BH q-values over the
+    ``k`` rows, and ``confirmed = q < fdr and fixes > breaks``.
+
+    Example:
+        >>> base = np.zeros(20, bool)
+        >>> d = confirm_decisions(base, np.stack([np.arange(20) < 12, np.arange(20) < 1]), fdr=0.1)
+        >>> d["fixes"].tolist(), d["confirmed"].tolist()
+        ([12, 1], [True, False])
+    """
+    f, b = fixes_breaks(base, ablated)
+    p = mcnemar_exact(f, b)
+    q = benjamini_hochberg(p)
+    return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": (q < fdr) & (f > b)}

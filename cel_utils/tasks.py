@@ -1,4 +1,10 @@
-"""Tasks: built-in generated tasks with disjoint search/held-out splits, and JSONL tasks.
+"""Tasks: built-in generated tasks with three disjoint, stratified splits, and JSONL tasks.
+
+Every task's items are dealt into three splits with one role each: ``search`` (screen every head, rank),
+``confirm`` (re-test only the few heads chosen on ``search``) and ``heldout`` (the final test of what was
+chosen on the other two; nothing on it takes part in any choice). The deal is stratified by the item's class
+(its ``label``; else the answer's position for multiple choice, the answer's length for exact match), and
+each split is ordered so that its first ``n`` items keep the class mix.
 
 Two kinds of item:
   * multiple choice ``{"prompt", "choices", "answer"}`` (metric: the answer has the highest log-prob)
@@ -22,7 +28,7 @@ from typing import Callable
 
 from .errors import CELError
 
-SPLITS = ("search", "heldout")
+SPLITS = ("search", "confirm", "heldout")
 
 
 @dataclass
@@ -125,16 +131,56 @@ INTENS = ["", "truly ", "really ", "quite ", "simply ", "utterly "]
 # --------------------------------------------------------------------------------------------
 # Generators: each returns (demos_prefix, pool of items) given an rng; items carry "key" for splits
 # --------------------------------------------------------------------------------------------
-def _split_pool(pool: list[dict], rng: random.Random) -> dict[str, list[dict]]:
-    """Shuffle and halve a pool of distinct items: disjoint search / heldout splits."""
+def stratum(item: dict):
+    """The class an item is stratified by: its ``label``, else the answer index (multiple choice), else the
+    target's length in characters (exact match)."""
+    if item.get("label") is not None:
+        return str(item["label"])
+    if "answer" in item:
+        return f"answer {item['answer']}"
+    return f"length {len(item.get('target', ''))}"
+
+
+def split_items(items: list[dict], rng: random.Random) -> dict[str, list[dict]]:
+    """Deal distinct items into the three splits, stratified by :func:`stratum`.
+
+    Within each class the items are shuffled and dealt in turn (the class's first split rotates, so that
+    remainders spread evenly); each split is then ordered by position within its class, scaled to the class's
+    share, so that any prefix of a split keeps the class mix.
+
+    Example:
+        >>> items = [{"prompt": str(i), "target": "x", "label": "ab"[i % 2], "key": i} for i in range(12)]
+        >>> parts = split_items(items, random.Random(0))
+        >>> [len(parts[s]) for s in SPLITS], [it["label"] for it in parts["search"]]
+        ([4, 4, 4], ['a', 'b', 'a', 'b'])
+    """
     seen, uniq = set(), []
-    for it in pool:
-        if it["key"] not in seen:
-            seen.add(it["key"])
+    for it in items:
+        k = it.get("key", json.dumps([it.get("prompt"), it.get("choices"), it.get("target")]))
+        if k not in seen:
+            seen.add(k)
             uniq.append(it)
-    rng.shuffle(uniq)
-    half = len(uniq) // 2
-    return {"search": uniq[:half], "heldout": uniq[half:]}
+    classes: dict = {}
+    for it in uniq:
+        classes.setdefault(stratum(it), []).append(it)
+    dealt: dict[str, list] = {s: [] for s in SPLITS}
+    for c, key in enumerate(sorted(classes)):
+        members = classes[key]
+        rng.shuffle(members)
+        for i, it in enumerate(members):
+            dealt[SPLITS[(i + c) % len(SPLITS)]].append((key, it))
+    out = {}
+    for s, pairs in dealt.items():
+        count: dict = {}
+        ranked = []
+        size = {k: sum(1 for kk, _ in pairs if kk == k) for k, _ in pairs}
+        for key, it in pairs:
+            j = count.get(key, 0)
+            count[key] = j + 1
+            ranked.append(((j + 0.5) / size[key], key, it))
+        ranked.sort(key=lambda r: (r[0], r[1]))
+        out[s] = [it for _, _, it in ranked]
+    return out
 
 
 def _mc(prompt: str, choices: list[str], answer: int, key: str, **meta) -> dict:
@@ -304,30 +350,52 @@ METRICS = {"mc": "accuracy: the answer choice has the highest summed log-prob",
            "em": "exact match: every target token is top-1 under teacher forcing"}
 
 
-def load_task(name: str, split: str = "search", n: int | None = None, seed: int = 0, clip: bool = False) -> Task:
-    """A built-in task split, or a JSONL file (all items in file order; ``split`` does not apply).
+def load_task(name: str, split: str | None = None, n: int | None = None, seed: int = 0,
+              clip: bool = False) -> Task:
+    """A split of a built-in task (``search`` when ``split`` is None), or of a JSONL file.
 
-    ``n`` larger than the split is an error, unless ``clip=True`` (then all items are used).
+    A JSONL file gives all its items in file order when ``split`` is None; with a split, the items whose
+    ``split`` field names it (when every line has one), else a deterministic stratified split of the file's
+    items (:func:`split_items`, seeded by ``seed`` and the file's contents). ``n`` larger than the split is an
+    error, unless ``clip=True`` (then all items are used).
 
     Example:
         >>> len(load_task("antonyms", n=1000, clip=True))
-        31
+        21
     """
+    if split is not None and split not in SPLITS:
+        raise CELError(f"unknown split {split!r}; use {', '.join(SPLITS)}")
     if name.endswith(".jsonl") or Path(name).suffix == ".jsonl" or Path(name).exists():
         task = load_jsonl(name)
+        if split is not None:
+            task = _jsonl_split(task, split, seed)
         return _take(task, n if not clip or n is None else min(n, len(task.items)))
     if name not in BUILTIN_TASKS:
         raise CELError(f"unknown task {name!r}; built-in tasks: {', '.join(BUILTIN_TASKS)} "
                        f"(or a path to a .jsonl file)")
-    if split not in SPLITS:
-        raise CELError(f"unknown split {split!r}; use search or heldout")
+    split = split or "search"
     spec = BUILTIN_TASKS[name]
     rng = random.Random(f"{name}:{seed}")
     pool = spec.generator(rng)
-    items = _split_pool(pool, rng)[split]
+    items = split_items(pool, rng)[split]
     task = Task(name=name, kind=spec.kind, items=items, split=split, seed=seed, description=spec.description,
                 metric=METRICS[spec.kind], labels=list(spec.labels))
     return _take(task, n if not clip or n is None else min(n, len(task.items)))
+
+
+def _jsonl_split(task: Task, split: str, seed: int) -> Task:
+    marked = [it.get("split") for it in task.items]
+    if all(m is not None for m in marked):
+        task.items = [it for it in task.items if it["split"] == split]
+    elif any(m is not None for m in marked):
+        line = next(i for i, m in enumerate(marked, 1) if m is None)
+        raise CELError(f"{task.source}: item {line} has no 'split' field while others have one")
+    else:
+        task.items = split_items(task.items, random.Random(f"{task.items_hash()}:{seed}"))[split]
+    if not task.items:
+        raise CELError(f"{task.source}: no items in split {split!r}")
+    task.split, task.seed = split, seed
+    return task
 
 
 def _take(task: Task, n: int | None) -> Task:
@@ -371,6 +439,8 @@ def validate_item(obj, where: str) -> str:
         raise CELError(f"{where}: each line must be a JSON object")
     if not isinstance(obj.get("prompt"), str):
         raise CELError(f"{where}: missing key 'prompt' (a string)")
+    if "split" in obj and obj["split"] not in SPLITS:
+        raise CELError(f"{where}: 'split' must be one of {', '.join(SPLITS)}, got {obj['split']!r}")
     if "choices" in obj or "answer" in obj:
         ch = obj.get("choices")
         if not isinstance(ch, list):

@@ -192,3 +192,41 @@ def test_mean_mode_in_every_command(tiny_dir, tmp_path, capsys, monkeypatch):
     assert len(held) == 2
     for h in held:
         assert h["heldout"]["ci_low"] - 1e-9 <= h["heldout"]["delta_accuracy"] <= h["heldout"]["ci_high"] + 1e-9
+
+
+def test_screen_confirm_contract(tiny_dir, tmp_path, capsys):
+    """cel screen --confirm C --top K: the top K heads by margin re-tested on C confirm items, exact McNemar,
+    BH over K; figures checked against a separate `cel eval` on the confirm split (another code path)."""
+    out = tmp_path / "c.json"
+    code, _, err = run(["screen", "--model", tiny_dir, "--task", "agreement", "--n", "10", "--heads", "L0,L1",
+                        "--confirm", "12", "--top", "3", "--quiet", "--out", str(out)], capsys)
+    assert code == 0, err
+    d = json.loads(out.read_text())
+    c = d["confirm"]
+    assert c["n_items"] == 12 and c["fdr"] == 0.1 and len(c["heads"]) == 3
+    ranked = sorted(d["heads"], key=lambda h: -h["delta_margin"])[:3]
+    assert [h["head"] for h in c["heads"]] == [f"L{h['layer']}H{h['head']}" for h in ranked]
+    for h in c["heads"]:
+        assert h["confirmed"] == (h["q_value"] < 0.1 and h["delta_accuracy"] > 0)
+        assert h["p_value"] <= h["q_value"] + 1e-12
+        assert h["fixes"] - h["breaks"] == round(h["delta_accuracy"] * 12)
+        e = tmp_path / "e.json"
+        assert main(["eval", "--model", tiny_dir, "--task", "agreement", "--split", "confirm", "--n", "12",
+                     "--ablate", h["head"], "--out", str(e)]) == 0
+        ev = json.loads(e.read_text())
+        assert ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"] == pytest.approx(h["delta_accuracy"])
+    assert c["min_detectable_gain"] > 0
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--confirm", "0"], "--confirm and --top"),
+    (["--confirm", "5", "--top", "0"], "--confirm and --top"),
+    (["--confirm", "5", "--fdr", "1.5"], "--fdr"),
+    (["--confirm", "5", "--split", "heldout"], "leave out --split"),
+    (["--confirm", "5", "--method", "gradient"], "--method exact"),
+])
+def test_screen_confirm_bad_input(argv, msg, tmp_path, capsys):
+    out = tmp_path / "x.json"
+    code, _, err = run(["screen", "--model", "smollm2-135m", "--task", "agreement", "--n", "4", *argv,
+                        "--out", str(out)], capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists()

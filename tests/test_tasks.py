@@ -10,11 +10,13 @@ from cel_utils.tasks import BUILTIN_TASKS, load_jsonl, load_task
 def test_deterministic_and_disjoint(name):
     a = load_task(name, "search", seed=3)
     b = load_task(name, "search", seed=3)
+    c = load_task(name, "confirm", seed=3)
     h = load_task(name, "heldout", seed=3)
     assert a.items == b.items
-    assert len(a.items) >= 20 and len(h.items) >= 20
-    assert not ({it["key"] for it in a.items} & {it["key"] for it in h.items})
-    assert not ({it["prompt"] for it in a.items} & {it["prompt"] for it in h.items})
+    assert min(len(a.items), len(c.items), len(h.items)) >= 18
+    for x, y in ((a, c), (a, h), (c, h)):
+        assert not ({it["key"] for it in x.items} & {it["key"] for it in y.items})
+        assert not ({it["prompt"] for it in x.items} & {it["prompt"] for it in y.items})
     other = load_task(name, "search", seed=4)
     assert other.items != a.items
     for it in a.items:
@@ -22,6 +24,38 @@ def test_deterministic_and_disjoint(name):
             assert 0 <= it["answer"] < len(it["choices"]) and len(set(it["choices"])) == len(it["choices"])
         else:
             assert it["target"]
+
+
+@pytest.mark.parametrize("name", ["sequences", "agreement_rc", "sentiment", "ioi"])
+def test_splits_are_stratified_in_every_prefix(name):
+    """The review found 21 backward / 11 forward sequences items in the first 32 of the search split: every
+    prefix of every split now keeps the class mix (within one item of proportional, per class)."""
+    from collections import Counter
+
+    from cel_utils.tasks import SPLITS
+
+    everything = [it for s in SPLITS for it in load_task(name, s).items]
+    share = {k: v / len(everything) for k, v in Counter(it["label"] for it in everything).items()}
+    for s in SPLITS:
+        items = load_task(name, s).items
+        for n in sorted({min(k, len(items)) for k in (8, 16, 32, len(items))}):
+            got = Counter(it["label"] for it in items[:n])
+            for k, p in share.items():
+                assert abs(got[k] - p * n) <= 1.5, (s, n, k, got[k], p * n)
+
+
+def test_jsonl_split_field_and_default_split(tmp_path):
+    lines = [json.dumps({"prompt": f"q{i}", "target": "a", "split": ["search", "confirm", "heldout"][i % 3]})
+             for i in range(9)]
+    p = _write(tmp_path, lines)
+    assert [it["prompt"] for it in load_task(p, "confirm").items] == ["q1", "q4", "q7"]
+    assert len(load_task(p, None).items) == 9  # no split asked: the whole file
+    q = _write(tmp_path, [json.dumps({"prompt": f"q{i}", "choices": ["a", "b"], "answer": i % 2})
+                          for i in range(12)])
+    parts = [load_task(q, s, seed=1).items for s in ("search", "confirm", "heldout")]
+    assert sorted(it["prompt"] for p_ in parts for it in p_) == sorted(f"q{i}" for i in range(12))
+    assert all(sum(it["answer"] for it in p_) == 2 for p_ in parts)  # stratified by answer: 2 of each
+    assert parts[0] == load_task(q, "search", seed=1).items  # deterministic
 
 
 def test_addition_format():
