@@ -141,7 +141,8 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
             reads = enc.reads_of(seqs)
             rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads], device=dev)
             pos = torch.tensor(enc.read_pos[reads] - P, device=dev)
-            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads], device=dev))
+            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads], device=dev),
+                                 enc.continues)
             margins = _differentiable_margins(enc, lp, gap, reads, np.asarray(items))
             (margins.sum() / enc.n_items).backward()
             total += float(margins.sum().detach())

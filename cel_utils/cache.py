@@ -42,6 +42,8 @@ def encoded_hash(enc) -> str:
     h.update(json.dumps(enc.inputs).encode())
     for a in (enc.read_seq, enc.read_pos, enc.read_tok, enc.read_item, enc.read_choice, enc.answers, enc.n_choices):
         h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    if enc.continues is not None:
+        h.update(enc.continues.numpy().tobytes())
     return h.hexdigest()
 
 

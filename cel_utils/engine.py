@@ -242,7 +242,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     def score(b: _Batch, hidden, k):
         B = len(b.ids)
         rows = (torch.arange(k, device=dev)[:, None] * B + b.rows[None]).reshape(-1)  # set j: rows j*B..
-        lp, gap = read_stats(logits_at(lm, hidden[rows, b.pos.repeat(k)]), b.tok.repeat(k))
+        lp, gap = read_stats(logits_at(lm, hidden[rows, b.pos.repeat(k)]), b.tok.repeat(k), enc.continues)
         return lp.view(k, -1).cpu().numpy(), gap.view(k, -1).cpu().numpy()
 
     try:

@@ -1,17 +1,21 @@
 """Scoring items, following the lm-eval-harness convention.
 
 For an item and a continuation (a choice, or the exact-match target):
+  trailing whitespace of the prompt is moved to the front of the continuation (as lm-eval-harness does)
   context       = tokens of ``prompt`` (tokenizer defaults, special tokens included)
-  whole         = tokens of ``prompt + continuation``
+  whole         = tokens of ``prompt + continuation``; ``context`` must be a prefix of it (else an error)
   continuation  = ``whole[len(context):]``
-The model reads ``whole[:-1]``; the logits at positions ``len(context)-1 .. len(whole)-2`` predict the
-continuation tokens. A *read* is one (input sequence, position, token) triple.
+The logits at positions ``len(context)-1 .. len(whole)-2`` predict the continuation tokens. A *read* is one
+(input sequence, position, token) triple.
 
 Per read we keep ``lp`` (log-prob of the token) and ``gap`` (its logit minus the largest other logit).
-  multiple choice: score(choice) = sum of lp; correct iff the answer's score beats every other choice;
-                   margin = score(answer) - max other score.
-  exact match:     margin = min over target tokens of gap; correct iff margin > 0 (greedy decoding
-                   would produce the target).
+  multiple choice: score(choice) = sum of lp; correct iff the answer's score beats every other choice
+                   (a tie is wrong); margin = score(answer) - max other score.
+  exact match:     one more read after the target (token ``STOP``): its gap is the best logit of a token that
+                   ends the answer minus the best logit of a token that would continue it (:func:`continuation_mask`:
+                   the token's text starts with a letter or digit, e.g. "0" after "79"). margin = min of the
+                   target tokens' gaps and that gap; correct iff margin > 0, i.e. greedy decoding writes the
+                   target *and stops there*.
 
 Choices of an item share their prompt: input sequences that are equal, or a prefix of another input of
 the same item, are run once (one-token choices need a single pass over the prompt).
@@ -25,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +52,7 @@ class EncodedTask:
     read_item: np.ndarray  # [read]
     read_choice: np.ndarray  # [read] (0 for em)
     full: list[tuple[int, int, list[int], int]] = field(default_factory=list)  # (item, choice, whole, n_ctx)
+    continues: torch.Tensor | None = None  # [vocab] bool: tokens that would continue an answer (em)
 
     @property
     def n_reads(self) -> int:
@@ -60,8 +66,46 @@ class EncodedTask:
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
+STOP = -1  # the token of an exact-match item's last read: "the answer ends here"
+
+
 def _tokens(tok, text: str) -> list[int]:
     return list(tok(text)["input_ids"])
+
+
+@functools.lru_cache(maxsize=8)
+def continuation_mask(tok) -> torch.Tensor:
+    """``[vocab]`` bool: tokens whose text starts with a letter or digit, so that written right after an answer
+    they would extend its last word or number ("0" after "79", "ian" after "Paris"); a token that starts with
+    a space, punctuation, a newline or a special token ends the answer.
+
+    Each token's text is read by decoding it after an anchor character (single-token decoding drops leading
+    spaces in some tokenizers).
+    """
+    anchor = _tokens(tok, "a")[-1]
+    head = tok.decode([anchor])
+    n = len(tok)
+    texts = tok.batch_decode([[anchor, i] for i in range(n)], skip_special_tokens=False,
+                             clean_up_tokenization_spaces=False)
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    return torch.tensor([i not in special and len(t) > len(head) and t[len(head)].isalnum()
+                         for i, t in enumerate(texts)], dtype=torch.bool)
+
+
+def split_prompt(prompt: str, continuation: str) -> tuple[str, str]:
+    """Move the prompt's trailing whitespace to the front of the continuation (lm-eval-harness's convention).
+
+    Example:
+        >>> split_prompt("12 + 7 = ", "19")
+        ('12 + 7 =', ' 19')
+    """
+    n = len(prompt) - len(prompt.rstrip())
+    return (prompt[:-n], prompt[-n:] + continuation) if n else (prompt, continuation)
+
+
+def _where(task, i: int) -> str:
+    line = task.items[i].get("_line")
+    return f"{task.source}:{line}" if line is not None else f"item {i}"
 
 
 def encode_task(lm, task) -> EncodedTask:
@@ -72,20 +116,26 @@ def encode_task(lm, task) -> EncodedTask:
     rs, rp, rt, ri, rc = [], [], [], [], []
     full = []
     answers, n_choices = [], []
+    em = task.kind == "em"
     for i, item in enumerate(task.items):
-        conts = item["choices"] if task.kind == "mc" else [item["target"]]
+        conts = item["choices"] if not em else [item["target"]]
         answers.append(item.get("answer", 0))
         n_choices.append(len(conts))
-        ctx = _tokens(tok, item["prompt"])
         item_inputs = []
-        for c, cont in enumerate(conts):
-            whole = _tokens(tok, item["prompt"] + cont)
-            if len(whole) <= len(ctx):
-                raise CELError(f"item {i}: continuation {cont!r} adds no tokens after the prompt")
+        for c, cont0 in enumerate(conts):
+            prompt, cont = split_prompt(item["prompt"], cont0)
+            ctx = _tokens(tok, prompt)
+            whole = _tokens(tok, prompt + cont)
             if len(ctx) == 0:
-                raise CELError(f"item {i}: the prompt has no tokens (the model needs a context)")
+                raise CELError(f"{_where(task, i)}: the prompt has no tokens (the model needs a context)")
+            if whole[:len(ctx)] != ctx:
+                raise CELError(f"{_where(task, i)}: the prompt's tokens are not a prefix of the tokens of prompt + "
+                               f"continuation {cont!r} (the tokenizer merges across the boundary)")
+            if len(whole) <= len(ctx):
+                raise CELError(f"{_where(task, i)}: continuation {cont0!r} adds no tokens after the prompt")
             full.append((i, c, whole, len(ctx)))
-            item_inputs.append((c, whole[:-1], whole[len(ctx):], len(ctx)))
+            toks = whole[len(ctx):] + ([STOP] if em else [])  # em: one more read, after the answer
+            item_inputs.append((c, whole if em else whole[:-1], toks, len(ctx)))
         # Run each distinct input once; an input that is a prefix of another input of this item reuses it.
         longest = sorted({tuple(x[1]) for x in item_inputs}, key=len, reverse=True)
         for c, inp, cont_toks, nctx in item_inputs:
@@ -99,7 +149,7 @@ def encode_task(lm, task) -> EncodedTask:
     a = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     return EncodedTask(kind=task.kind, n_items=len(task.items), answers=a(answers), n_choices=a(n_choices),
                        inputs=inputs, read_seq=a(rs), read_pos=a(rp), read_tok=a(rt), read_item=a(ri),
-                       read_choice=a(rc), full=full)
+                       read_choice=a(rc), full=full, continues=continuation_mask(tok) if em else None)
 
 
 @dataclass
@@ -152,13 +202,27 @@ def aggregate(enc: EncodedTask, lp: np.ndarray, gap: np.ndarray, read_item=None,
     return ItemResults(correct=margin > 0, margin=margin, choice_scores=scores)
 
 
-def read_stats(logits: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits [reads, vocab]``, ``tokens [reads]`` -> (log-prob of token, logit gap to best other)."""
+def read_stats(logits: torch.Tensor, tokens: torch.Tensor, continues: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits [reads, vocab]``, ``tokens [reads]`` -> (log-prob of token, logit gap to best other).
+
+    A ``STOP`` read (exact match, after the answer) has log-prob 0 and gap = best logit among tokens that end
+    the answer minus best logit among those that would continue it (``continues [vocab]``).
+    """
     logits = logits.float()
+    stop = tokens < 0
+    safe = tokens.clamp(min=0)
     lse = torch.logsumexp(logits, dim=-1)
-    tgt = logits.gather(1, tokens[:, None])[:, 0]
-    other = logits.scatter(1, tokens[:, None], float("-inf")).max(dim=-1).values
-    return tgt - lse, tgt - other
+    tgt = logits.gather(1, safe[:, None])[:, 0]
+    other = logits.scatter(1, safe[:, None], float("-inf")).max(dim=-1).values
+    lp, gap = tgt - lse, tgt - other
+    if bool(stop.any()):
+        c = continues.to(logits.device)[None]
+        end_gap = logits.masked_fill(c, float("-inf")).max(-1).values - \
+            logits.masked_fill(~c, float("-inf")).max(-1).values
+        gap = torch.where(stop, end_gap, gap)
+        lp = torch.where(stop, torch.zeros_like(lp), lp)
+    return lp, gap
 
 
 def logits_at(lm, hidden: torch.Tensor) -> torch.Tensor:
@@ -218,6 +282,12 @@ def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zer
                 other = lp_row.scatter(1, toks[:, None], float("-inf")).max(-1).values
                 lps.append(tgt); gaps.append(tgt - other)
                 ri.extend([i] * len(toks)); rc.extend([c] * len(toks))
+                if enc.kind == "em":  # after the answer: does the best token end it or continue it?
+                    last = logp[r, len(whole) - 1]  # [vocab]
+                    cont = enc.continues.to(last.device)
+                    gaps.append((last[~cont].max() - last.masked_fill(~cont, float("-inf")).max())[None])
+                    lps.append(torch.zeros(1, device=last.device))
+                    ri.append(i); rc.append(c)
         lp = torch.cat(lps).cpu().numpy()[None]
         gap = torch.cat(gaps).cpu().numpy()[None]
         return aggregate(enc, lp, gap, read_item=np.asarray(ri), read_choice=np.asarray(rc))

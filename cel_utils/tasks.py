@@ -424,6 +424,7 @@ def load_jsonl(path: str) -> Task:
             except json.JSONDecodeError as e:
                 raise CELError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
             item_kind = validate_item(obj, f"{path}:{lineno}")
+            obj["_line"] = lineno  # for messages that name the line (e.g. a token-boundary error)
             if kind is not None and item_kind != kind:
                 raise CELError(f"{path}:{lineno}: mixes exact-match and multiple-choice items")
             kind = item_kind

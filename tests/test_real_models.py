@@ -98,3 +98,29 @@ def test_converted_copy_gives_identical_logits(name, tmp_path, monkeypatch):
     (copies[0] / "config.json").write_text("{not json")
     third = load_model(name, cache=False)
     assert third.weights_hash == first.weights_hash and (copies[0] / "COMPLETE").exists()
+
+
+def test_smollm2_token_boundary_and_stop_tokens(smol, tmp_path):
+    """The real BPE tokenizer: a prompt ending in a space keeps its choice's first token (" Paris" is one
+    token), a JSONL item whose prompt tokens are not a prefix of prompt + choice is refused with its line, and
+    the answer-continuation mask reads digits and word pieces as continuing, spaces and newlines as stopping."""
+    import json
+
+    from cel_utils.scoring import STOP, continuation_mask
+    from cel_utils.tasks import Task
+
+    tok = smol.tokenizer
+    enc = encode_task(smol, Task("t", "mc", [{"prompt": "The capital of France is ", "choices": ["Paris", "Rome"],
+                                              "answer": 0}]))
+    assert tok.convert_ids_to_tokens(enc.read_tok[enc.read_choice == 0].tolist()) == ["ĠParis"]
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps({"prompt": "ok", "choices": [" a", " b"], "answer": 0}) + "\n" +
+                 json.dumps({"prompt": "The capital is Par", "choices": ["is", "ma"], "answer": 0}) + "\n")
+    with pytest.raises(CELError, match=r"bad.jsonl:2: the prompt's tokens are not a prefix"):
+        encode_task(smol, load_task(str(p)))
+    mask = continuation_mask(tok)
+    ids = lambda text: tok(text)["input_ids"]  # noqa: E731
+    assert mask[ids("0")[-1]] and mask[ids("ian")[0]]
+    assert not mask[ids(" is")[0]] and not mask[ids("\n")[0]] and not mask[tok.eos_token_id]
+    em = encode_task(smol, load_task("addition", n=2))
+    assert (em.read_tok == STOP).sum() == 2

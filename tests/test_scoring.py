@@ -28,17 +28,46 @@ def test_mc_score_by_hand(tiny_llama):
 
 def test_em_margin_sign_is_correctness(tiny_llama):
     lm = tiny_llama
-    task = load_task("addition", n=12)
-    res = evaluate(lm, encode_task(lm, task))
+    res = evaluate(lm, encode_task(lm, load_task("addition", n=12)))
     assert np.array_equal(res.correct[0], res.margin[0] > 0)
-    # greedy check by hand for one item: correct iff each target token is the argmax
-    it = task.items[0]
-    ctx = lm.tokenizer(it["prompt"])["input_ids"]
-    whole = lm.tokenizer(it["prompt"] + it["target"])["input_ids"]
-    with torch.no_grad():
-        logits = lm.model(input_ids=torch.tensor([whole])).logits[0]
-    greedy = all(int(logits[i - 1].argmax()) == whole[i] for i in range(len(ctx), len(whole)))
-    assert greedy == bool(res.correct[0, 0])
+
+
+def test_exact_match_is_what_greedy_generation_writes(tiny_llama):
+    """Oracle: transformers' own greedy `generate`. Scoring moves a prompt's trailing spaces into the answer,
+    so an item is correct iff generation from the stripped prompt writes those spaces and the target, and the
+    next character does not continue it (a letter or digit): "79" is wrong when the model writes "790". With a
+    character tokenizer every character is one token."""
+    lm = tiny_llama
+    items, expected = [], []
+    for prompt in ["ab:", "x = ", "7+1", "hello ", "q", "zz 9", "12:", "mn", "k=", "("]:
+        stem = prompt.rstrip()
+        sp = prompt[len(stem):]
+        ids = torch.tensor([lm.tokenizer(stem)["input_ids"]])
+        with torch.no_grad():
+            out = lm.model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        written = "".join(lm.tokenizer.convert_ids_to_tokens(out[0, ids.shape[1]:].tolist()))
+        targets = {written[len(sp):len(sp) + k] for k in (1, 2, 3)} | {"~", "^"}
+        for t in sorted(targets):
+            full = sp + t
+            if not t.strip() or "<" in written[:len(full) + 1]:
+                continue  # a blank target, or a special token among the characters that decide
+            items.append({"prompt": prompt, "target": t})
+            expected.append(written.startswith(full) and not written[len(full)].isalnum())
+    enc = encode_task(lm, Task("t", "em", items))
+    got = evaluate(lm, enc, use_cache=False).correct[0]
+    assert got.tolist() == expected
+    assert 3 <= sum(expected) <= len(expected) - 3  # both outcomes occur
+    assert np.array_equal(plain_evaluate(lm, enc).correct[0], got)
+
+
+def test_trailing_space_moves_to_the_continuation(tiny_llama):
+    from cel_utils.scoring import STOP, split_prompt
+
+    assert split_prompt("a = ", "7") == ("a =", " 7") and split_prompt("a =", " 7") == ("a =", " 7")
+    enc = encode_task(tiny_llama, Task("t", "em", [{"prompt": "1 + 1 = ", "target": "2"}]))
+    tok = tiny_llama.tokenizer
+    assert enc.read_tok.tolist() == tok(" 2")["input_ids"] + [STOP]  # the space is scored, then the stop
+    assert enc.read_pos.tolist() == [6, 7, 8]  # "1 + 1 =" is 7 characters: reads at 6, 7 and 8
 
 
 @pytest.mark.parametrize("task_name", ["addition", "capitals", "sentiment"])

@@ -28,7 +28,7 @@ FAMILY_CONFIGS = {
 
 def char_tokenizer():
     """A character-level fast tokenizer: one token per character, '<pad>' and '<eos>' specials."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = list(string.printable)
@@ -37,6 +37,7 @@ def char_tokenizer():
         vocab.setdefault(c, len(vocab))
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
     tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tk.decoder = decoders.Fuse()  # decoding concatenates the characters (no spaces between tokens)
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>")
 
 
