@@ -228,13 +228,26 @@ def _confirm(lm, sc, args, ablation) -> dict:
                       for r in tab.itertuples()]}
 
 
-def _ranked_from_screen_file(path: str) -> list[dict]:
+def _ranked_from_screen_file(path: str, args, task) -> list[dict]:
+    """The heads of a `cel screen --out` file, best first by margin, after checking that the screen was made on
+    the items this search will use (same model, task, search split, seed and number of items)."""
     try:
         with open(path, encoding="utf-8") as f:
             scr = json.load(f)
-        return sorted(scr["heads"], key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError) as e:
         raise CELError(f"cannot read screen {path}: {e}") from None
+    heads = scr.get("heads") if isinstance(scr, dict) else None
+    if not isinstance(heads, list) or not heads or not all(
+            isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
+            and isinstance(h.get("delta_margin", h.get("estimated_delta_margin")), (int, float)) for h in heads):
+        raise CELError(f"{path} is not a screen: it needs a list 'heads' of layer, head and delta_margin")
+    want = {"model": args.model, "task": task.name, "split": task.split, "seed": args.seed,
+            "n_items": len(task.items)}
+    for k, v in want.items():
+        if scr.get(k) != v:
+            raise CELError(f"{path} was screened with {k} = {scr.get(k)!r}, but this search uses {v!r}: "
+                           f"screen the search split with the same --model, --task, --seed and --n")
+    return sorted(heads, key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
 
 
 def cmd_search(args):
@@ -249,8 +262,9 @@ def cmd_search(args):
         raise CELError(f"--pool must be between 1 and {defaults.SEARCH_POOL_MAX}")
     if args.max_size < 1 or args.random_sets < 0:
         raise CELError("--max-size must be at least 1 and --random-sets at least 0")
-    ranked = _ranked_from_screen_file(args.screen) if args.screen else None
     args.split = "search"  # the search runs on the search split and is graded on the held-out split
+    task = load_task(args.task, split="search", n=args.n, seed=args.seed)
+    ranked = _ranked_from_screen_file(args.screen, args, task) if args.screen else None
     lm, task = _load(args)
     held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
     if ranked is None:

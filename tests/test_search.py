@@ -86,7 +86,7 @@ def test_bad_input():
         exhaustive([1, 2], lambda sets: [0.0])
 
 
-def test_cel_search_json(tmp_path):
+def test_cel_search_json(tmp_path, capsys):
     import json
 
     from cel_utils.cli import main
@@ -109,6 +109,15 @@ def test_cel_search_json(tmp_path):
         s = b["search"]
         assert s["interaction"] == pytest.approx(s["delta_accuracy"] - s["sum_of_singles_delta_accuracy"])
     assert [len(c["heldout_delta_accuracy"]) for c in j["random_control"]] == [5, 5]
+    # a screen of other items is refused before any work: seed 1's search split overlaps seed 0's held-out split
+    for argv, msg in [(["--seed", "1"], "seed = 0"), (["--n", "10"], "n_items = 12")]:
+        bad = tmp_path / "bad.json"
+        assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(scr),
+                     "--out", str(bad), *argv]) == 2 and not bad.exists()
+        assert msg in capsys.readouterr().err
+    notscreen = tmp_path / "not.json"
+    notscreen.write_text('{"heads": [{"layer": "x"}]}')
+    assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(notscreen)]) == 2
 
 
 def test_joint_search_on_tiny_model(tiny_llama):
