@@ -347,7 +347,7 @@ BUILTIN_TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("antonyms_em", "em", _as_exact_match(gen_antonyms), "word -> antonym, 4-shot, exact match"),
 ]}
 METRICS = {"mc": "accuracy: the answer choice has the highest summed log-prob",
-           "em": "exact match: every target token is top-1 under teacher forcing"}
+           "em": "exact match: every target token is top-1 under teacher forcing, and the answer stops there"}
 
 
 def load_task(name: str, split: str | None = None, n: int | None = None, seed: int = 0,
