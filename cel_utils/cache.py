@@ -10,9 +10,15 @@ Location: ``$CEL_CACHE_DIR`` if set, else ``~/.cache/cel_utils``. ``CEL_NO_CACHE
 turns it off.
 
 Example:
+    >>> import os
+    >>> from unittest import mock
     >>> from cel_utils.cache import cache_dir
-    >>> cache_dir().name in ("cel_utils",) or True
-    True
+    >>> with mock.patch.dict(os.environ, {"CEL_CACHE_DIR": "/tmp/somewhere"}):
+    ...     str(cache_dir())
+    '/tmp/somewhere'
+    >>> with mock.patch.dict(os.environ, {"CEL_CACHE_DIR": ""}):
+    ...     cache_dir().parts[-2:]
+    ('.cache', 'cel_utils')
 """
 
 from __future__ import annotations

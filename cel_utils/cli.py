@@ -61,8 +61,6 @@ def _header(lm, task, args) -> dict:
 
 
 def _load(args):
-    if getattr(args, "no_cache", False):
-        os.environ["CEL_NO_CACHE"] = "1"
     from .models import load_model
     from .tasks import load_task
 
@@ -418,11 +416,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    no_cache, before = getattr(args, "no_cache", False), os.environ.get("CEL_NO_CACHE")
+    if no_cache:  # for this command only: a caller's process keeps its own setting
+        os.environ["CEL_NO_CACHE"] = "1"
     try:
         args.fn(args)
     except CELError as e:
         print(f"cel: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if no_cache:
+            if before is None:
+                os.environ.pop("CEL_NO_CACHE", None)
+            else:
+                os.environ["CEL_NO_CACHE"] = before
     return 0
 
 

@@ -105,7 +105,8 @@ def test_screening_at_scale_records(staged):
     r = _record(staged, "01b_screening_at_scale")
     (sp,) = r["speed"]
     assert sp["accuracy identical"] and sp["max margin diff"] < 1e-4
-    assert sp["ratio"] > 1.0  # the engine is faster than the plain loop even on a handful of items
+    # speed itself is a benchmark's business (benchmarks/bench_screen.py prints the ratio), not a test's
+    assert sp["heads timed"] == 3 and sp["plain sequences"] >= sp["engine inputs"]
     methods = {a["method"] for a in r["agreement"]}
     assert methods == {"exact", "gradient", "compressed"}
     for a in r["agreement"]:

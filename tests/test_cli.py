@@ -230,3 +230,13 @@ def test_screen_confirm_bad_input(argv, msg, tmp_path, capsys):
     code, _, err = run(["screen", "--model", "smollm2-135m", "--task", "agreement", "--n", "4", *argv,
                         "--out", str(out)], capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_no_cache_does_not_leak_into_the_process(tiny_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("CEL_NO_CACHE", raising=False)
+    code, _, err = run(["eval", "--model", tiny_dir, "--task", "addition", "--n", "2", "--no-cache",
+                        "--out", str(tmp_path / "e.json")], capsys)
+    assert code == 0, err
+    import os
+
+    assert "CEL_NO_CACHE" not in os.environ

@@ -92,8 +92,9 @@ def test_prefix_sharing_is_used_and_exact(tiny_llama):
     enc = encode_task(lm, task)
     assert len(common_prefix(enc)) > 50
     sets = [[], [(0, 1)], [(1, 2), (2, 0)]]
-    a = evaluate_head_sets(lm, enc, sets, share_prefix=True, progress=False)
-    b = evaluate_head_sets(lm, enc, sets, share_prefix=False, progress=False)
+    # the cache is off: its key does not include share_prefix, so b would otherwise be a's cached result
+    a = evaluate_head_sets(lm, enc, sets, share_prefix=True, progress=False, use_cache=False)
+    b = evaluate_head_sets(lm, enc, sets, share_prefix=False, progress=False, use_cache=False)
     assert np.abs(a.margin - b.margin).max() < 1e-4
 
 
@@ -101,8 +102,8 @@ def test_batched_equals_one_at_a_time(tiny_llama):
     lm = tiny_llama
     task = load_task("agreement", n=8)
     enc = encode_task(lm, task)
-    batched = evaluate(lm, enc, max_tokens=10_000)
-    single = evaluate(lm, enc, max_tokens=1)  # one sequence per forward
+    batched = evaluate(lm, enc, max_tokens=10_000, use_cache=False)  # cache off: max_tokens is not in its key
+    single = evaluate(lm, enc, max_tokens=1, use_cache=False)  # one sequence per forward
     assert np.abs(batched.margin - single.margin).max() < 1e-4
 
 
