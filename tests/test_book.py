@@ -16,7 +16,7 @@ from cel_utils import book
 pytestmark = pytest.mark.notebook
 
 CI_PARAMETERS = {
-    "01_screening": {"n_search": 8, "n_heldout": 8, "top_k": 3, "heads": "all"},
+    "01_screening": {"n_search": 8, "n_confirm": 10, "n_heldout": 8, "top_k": 3, "heads": "all"},
     "01a_landscape": {"tasks": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["sequences"]},
                       "n_items": 6, "screen_heads": "L13,L14", "top_k": 2},
     "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
@@ -49,14 +49,22 @@ def test_every_chapter_has_ci_parameters_and_ran(staged):
 
 def test_chapter1_records(staged):
     r = _record(staged, "01_screening")
-    assert r["n_heads_screened"] == 270 and r["n_search"] == 8 and r["n_heldout"] == 8
+    assert r["n_heads_screened"] == 270 and r["n_search"] == 8 and r["n_confirm"] == 10 and r["n_heldout"] == 8
     assert 0 <= r["baseline_accuracy"] <= 1
-    assert len(r["top_heads"]) == 3
-    assert len(r["heldout"]) == 4  # each top head, and all of them together
+    assert len(r["top_heads"]) == 3 and [c["head"] for c in r["confirm"]] == [t["head"] for t in r["top_heads"]]
+    for c in r["confirm"]:
+        assert (c["fixes"] - c["breaks"]) / 10 == pytest.approx(c["delta_accuracy"])
+        assert c["confirmed"] == (c["q_value"] < r["fdr"] and c["fixes"] > c["breaks"])
+    assert r["confirmed"] == [c["head"] for c in r["confirm"] if c["confirmed"]]
+    assert r["min_detectable_gain"] is None or r["min_detectable_gain"] > 0.3  # 10 items: only huge gains (None: none)
+    shown = r["confirmed"] or [t["head"] for t in r["top_heads"]]
+    assert [h["heads"] for h in r["heldout"]][:len(shown)] == shown
+    assert len(r["heldout"]) == len(shown) + (len(shown) > 1)  # each head, and all of them together
     for h in r["heldout"]:
         assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
-    for s in r["heldout_survivors"]:
-        assert s in [h["heads"] for h in r["heldout"]]
+        assert (h["fixes"] - h["breaks"]) / 8 == pytest.approx(h["delta_accuracy"])
+        assert h["holds"] == (h["p_holm"] < 0.05 and h["delta_accuracy"] > 0)
+    assert r["heldout_survivors"] == [h["heads"] for h in r["heldout"] if h["holds"]]
     assert r["n_candidates"] == len(r["candidates"]) <= r["n_heads_screened"]
     # margins are ranked: the first top head has the largest change in margin
     m = [t["search_delta_margin"] for t in r["top_heads"]]
