@@ -198,7 +198,8 @@ def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | Non
 # Agreement with the exact screen, and the benchmark
 # ---------------------------------------------------------------------------------------------
 def compare_to_exact(exact: Screen, approx: ApproxScreen, k: int = 10) -> dict:
-    """Agreement of an approximate screen with the exact one on the change in mean margin."""
+    """Agreement of an approximate screen with the exact one on the change in mean margin (``spearman`` is NaN,
+    and ``constant_estimate`` True, when the approximate screen gives every head the same estimate)."""
     from scipy.stats import spearmanr
 
     tab = exact.table.set_index("head")
@@ -206,7 +207,10 @@ def compare_to_exact(exact: Screen, approx: ApproxScreen, k: int = 10) -> dict:
     true = tab["delta_margin"]
     top_true, top_est = set(true.nlargest(k).index), set(est.nlargest(k).index)
     bot_true, bot_est = set(true.nsmallest(k).index), set(est.nsmallest(k).index)
-    return {"method": approx.method, "spearman": float(spearmanr(true, est).statistic),
+    constant = bool(np.all(est.to_numpy() == est.to_numpy()[0]))  # e.g. a Lasso that shrank every head to 0
+    return {"method": approx.method,
+            "spearman": float("nan") if constant else float(spearmanr(true, est).statistic),
+            "constant_estimate": constant,
             f"recall_top{k}_improvers": len(top_true & top_est) / k,
             f"recall_top{k}_harmful": len(bot_true & bot_est) / k,
             "seconds": approx.seconds, "forward_equivalents": approx.forward_equivalents,

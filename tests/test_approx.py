@@ -80,3 +80,15 @@ def test_gradient_prefix_sharing_is_exact(tiny_llama):
     b = gradient_screen(tiny_llama, task, share_prefix=False)
     assert np.abs(a.estimate - b.estimate).max() < 1e-4
     assert np.abs(a.estimate).max() > 1e-3
+
+
+def test_constant_estimate_has_no_rank_correlation(planted):
+    from cel_utils.approximate import ApproxScreen
+
+    task = load_task("capitals", n=4)
+    ex = screen(planted, task, progress=False)
+    flat = ApproxScreen(heads=ex.heads, estimate=np.zeros(len(ex.heads)), method="compressed", seconds=1.0,
+                        forward_equivalents=2.0, n_evaluations=2)
+    row = compare_to_exact(ex, flat, k=2)
+    assert row["constant_estimate"] and np.isnan(row["spearman"])
+    assert not compare_to_exact(ex, gradient_screen(planted, task), k=2)["constant_estimate"]

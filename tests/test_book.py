@@ -118,7 +118,11 @@ def test_screening_at_scale_records(staged):
     methods = {a["method"] for a in r["agreement"]}
     assert methods == {"exact", "gradient", "compressed"}
     for a in r["agreement"]:
-        assert -1 <= a["spearman"] <= 1 and 0 <= a["recall_top10_improvers"] <= 1
+        assert 0 <= a["recall_top10_improvers"] <= 1
+        if a.get("constant_estimate"):  # on 6 items the Lasso may shrink every head to 0: no rank correlation
+            assert a["spearman"] is None
+        else:
+            assert -1 <= a["spearman"] <= 1
 
 
 def test_chapter3_records(staged):
