@@ -60,11 +60,12 @@ def _header(lm, task, args) -> dict:
                            "task_items_hash": task.items_hash(), "task_source": task.source}}
 
 
-def _load(args):
+def _load(args, task=None):
+    """The run's task (cheap checks first; ``task`` when already loaded) and model."""
     from .models import load_model
     from .tasks import load_task
 
-    task = load_task(args.task, split=args.split, n=args.n, seed=args.seed)  # cheap checks first
+    task = task or load_task(args.task, split=args.split, n=args.n, seed=args.seed)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     return lm, task
 
@@ -203,23 +204,18 @@ def cmd_screen(args):
 
 def _confirm(lm, sc, args, ablation) -> dict:
     """The top --top heads of the screen re-tested on --confirm items of the confirm split."""
-    import numpy as np
-
-    from .screening import confirm_heads
-    from .stats import min_detectable_gain
+    from .screening import confirm_heads, confirmation_power
     from .tasks import load_task
 
     task = load_task(args.task, split="confirm", n=args.confirm, seed=args.seed)
     tab = confirm_heads(lm, sc, task, top_k=args.top, fdr=args.fdr, mode=ablation, seed=args.seed)
     n = len(task.items)
-    break_rate = float(np.median(tab["breaks"])) / n
+    pw = confirmation_power(tab, n, args.fdr, defaults.POWER)
     return {"n_items": n, "fdr": args.fdr, "top": int(len(tab)),
             "rule": f"q_value < {args.fdr:g} (exact McNemar on fixes/breaks, Benjamini-Hochberg over the top "
                     f"{len(tab)} heads of the search split) and delta_accuracy > 0",
-            "min_detectable_gain": min_detectable_gain(n, args.fdr / max(len(tab), 1), break_rate,
-                                                       defaults.POWER),
-            "min_detectable_gain_assumes": {"power": defaults.POWER, "alpha": args.fdr / max(len(tab), 1),
-                                            "break_rate": break_rate},
+            "min_detectable_gain": pw["min_detectable_gain"],
+            "min_detectable_gain_assumes": {k: pw[k] for k in ("power", "alpha", "break_rate")},
             "heads": [{"head": r.head, "delta_accuracy": float(r.delta_accuracy), "fixes": int(r.fixes),
                        "breaks": int(r.breaks), "p_value": float(r.p_value), "q_value": float(r.q_value),
                        "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "confirmed": bool(r.confirmed)}
@@ -263,7 +259,7 @@ def cmd_search(args):
     args.split = "search"  # the search runs on the search split and is graded on the held-out split
     task = load_task(args.task, split="search", n=args.n, seed=args.seed)
     ranked = _ranked_from_screen_file(args.screen, args, task) if args.screen else None
-    lm, task = _load(args)
+    lm, task = _load(args, task)
     held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
     if ranked is None:
         tab = screen(lm, task, mode=args.mode, progress=False).table

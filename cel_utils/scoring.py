@@ -58,10 +58,14 @@ class EncodedTask:
     def n_reads(self) -> int:
         return len(self.read_seq)
 
+    @functools.cached_property
+    def _reads_by_seq(self) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(self.read_seq, kind="stable")
+        return order, np.searchsorted(self.read_seq[order], np.arange(len(self.inputs) + 1))
+
     def reads_of(self, seqs) -> np.ndarray:
         """Indices of the reads made on the input sequences ``seqs``, sequence by sequence, in read order."""
-        order = np.argsort(self.read_seq, kind="stable")
-        bounds = np.searchsorted(self.read_seq[order], np.arange(len(self.inputs) + 1))
+        order, bounds = self._reads_by_seq
         parts = [order[bounds[s]:bounds[s + 1]] for s in seqs]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 

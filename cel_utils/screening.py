@@ -25,10 +25,10 @@ from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
 from .compare import compare_sets, paired_table
-from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT
+from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
-from .stats import benjamini_hochberg, confirm_decisions, fixes_breaks, mcnemar_exact
+from .stats import confirm_decisions, min_detectable_gain
 
 
 @dataclass
@@ -81,9 +81,9 @@ class Screen:
         tab = self.table
         for c in ("ci_low", "ci_high"):
             tab[c] = pt[c].to_numpy()
-        tab["fixes"], tab["breaks"] = fixes_breaks(self.baseline.correct[0], self.results.correct)
-        tab["p_value"] = mcnemar_exact(tab["fixes"], tab["breaks"])
-        tab["q_value"] = benjamini_hochberg(tab["p_value"].to_numpy())
+        flips = confirm_decisions(self.baseline.correct[0], self.results.correct, fdr)
+        for c in ("fixes", "breaks", "p_value", "q_value"):
+            tab[c] = flips[c]
         tab["margin_ci_low"], tab["margin_ci_high"] = pt["margin_ci_low"].to_numpy(), pt["margin_ci_high"].to_numpy()
         tab["candidate"] = (tab.delta_accuracy > 0) & (tab.q_value < fdr) & (tab.margin_ci_low > 0)
         return tab
@@ -151,3 +151,13 @@ def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr:
         tab[k] = d[k]
     tab.insert(1, "search_delta_margin", top["delta_margin"].to_numpy())
     return tab
+
+
+def confirmation_power(conf: pd.DataFrame, n_items: int, fdr: float = FDR, power: float = POWER) -> dict:
+    """How large a gain a confirmation of ``len(conf)`` heads on ``n_items`` items could find: the minimum
+    detectable gain at ``power`` for one head tested at ``fdr / len(conf)`` (BH's threshold for a lone
+    discovery) that breaks as many items as the median re-tested head (``inf`` when none is detectable)."""
+    alpha = fdr / max(len(conf), 1)
+    break_rate = float(np.median(conf["breaks"])) / n_items
+    return {"min_detectable_gain": min_detectable_gain(n_items, alpha, break_rate, power), "alpha": alpha,
+            "break_rate": break_rate, "power": power}
