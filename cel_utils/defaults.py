@@ -23,7 +23,8 @@ TIE_BREAK = 1e-3     # weight of the mean margin in a set's search score (orders
 POOL_MAX = 10        # largest pool whose 2^m subsets the joint search evaluates
 SEARCH_POOL_MAX = 12  # largest pool `cel search` accepts (its strategies evaluate far fewer than 2^m sets)
 EXPLORER_POOL_MAX = 8  # largest pool the kernel-free explorer embeds (2^8 subsets per page)
-RANDOM_SETS = 100    # random head sets per size in the random-set control
+RANDOM_SETS = 100    # random head sets per size in the plain random-set control
+RANDOM_POOLS = 5     # random pools put through the whole joint pipeline (the selection-aware control)
 BEAM_WIDTH = 3
 
 # Approximate screens

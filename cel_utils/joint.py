@@ -2,15 +2,17 @@
 
 * :func:`model_scorer`: a batched scorer for the strategies of :mod:`cel_utils.search`.
 * :func:`search_heads`: one strategy on the search split, best set per size graded on held-out items (``cel search``).
-* :func:`joint_search`: every subset of a small pool on both splits, all strategies on top (chapter 2).
+* :func:`joint_search`: every subset of a small pool on the search split, all strategies on top, the best
+  set of each size confirmed on the confirm split and tested on held-out items, two controls (chapter 2).
 * :func:`random_control`: random head sets of the same sizes, drawn from all heads.
+* :func:`margin_interaction`: a set's change in margin against the sum of its members' changes, with a CI.
 * :func:`cross_task`: named head sets removed while the model does other tasks.
 
 Every comparison against the unablated model goes through :func:`cel_utils.compare.compare_sets`.
 
 Example (tiny random model, so the numbers mean nothing):
     >>> from cel_utils.joint import joint_search   # doctest: +SKIP
-    >>> js = joint_search(lm, load_task("ioi", n=20), load_task("ioi", "heldout", n=20), [(0, 1), (1, 0)])  # doctest: +SKIP
+    >>> js = joint_search(lm, *(load_task("ioi", s, n=20) for s in SPLITS), [(0, 1), (1, 0)])  # doctest: +SKIP
     >>> len(js.subsets)   # doctest: +SKIP
     4
 """
@@ -18,18 +20,19 @@ Example (tiny random model, so the numbers mean nothing):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from .ablation import Ablation, Head, all_heads, format_heads, head_name
-from .compare import compare_sets
-from .defaults import BEAM_WIDTH, N_BOOT, POOL_MAX, RANDOM_SETS, TIE_BREAK
+from .compare import compare_sets, heldout_test
+from .defaults import ALPHA, BEAM_WIDTH, FDR, N_BOOT, POOL_MAX, RANDOM_POOLS, RANDOM_SETS, TIE_BREAK
 from .engine import evaluate_head_sets
 from .errors import CELError
 from .scoring import encode_task
+from .stats import confirm_decisions
 from .search import beam, exhaustive, greedy, heads_of, percentile_among, subset_masks
 
 STRATEGIES = ("exhaustive", "greedy", "beam")
@@ -120,67 +123,75 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
 
 @dataclass
 class JointSearch:
-    """Every subset of a candidate pool evaluated on both splits, and what the strategies find in it.
+    """A candidate pool searched on one split, the best sets confirmed on a second, tested on a third.
 
-    ``subsets``: one row per subset (``mask``, ``heads``, ``size``, search and held-out accuracy / margin and
-    their changes against the unablated model, ``sum_of_singles`` and ``interaction`` on the search split,
-    ``search_score`` = search accuracy + ``TIE_BREAK`` x search margin, what the strategies maximise).
+    ``subsets``: every subset of the pool on the search split (``mask``, ``heads``, ``size``, accuracy and
+    margin and their changes, ``search_score`` = search accuracy + ``TIE_BREAK`` x search margin, what the
+    strategies maximise) and on the first ``n_explore`` held-out items (``explore_*``, for the explorer and the
+    plain random control only: never used to choose).
     ``strategies``: per strategy, the best set per size it finds on the search split and its evaluation count.
-    ``best``: the best-by-search set of each size (exhaustive) with a held-out paired-bootstrap 95% CI.
-    ``random_control``: held-out accuracy change of random head sets of each reported size, from all heads.
+    ``best``: the best-by-search set of each size >= 1 (exhaustive): its confirm-split test (``confirm_*``,
+    exact McNemar, BH over the sizes, ``confirmed``), its held-out test (``heldout_delta_accuracy`` with a
+    paired-bootstrap CI, ``fixes``, ``breaks``, ``p_holm`` over the sizes, ``holds``) and its interaction on
+    held-out mean margins (the set's change minus the sum of its members' changes, with a CI).
+    ``random_control``: the plain control, random head sets of each size from all heads, on the explore items.
+    ``pool_control``: the selection-aware control, the same pipeline run on random pools of the same size.
     """
 
     model: str
     task: str
     pool: list
     subsets: pd.DataFrame
-    heldout_correct: np.ndarray  # [2^m, n_heldout] per-item correctness, rows in ``subsets`` order
     strategies: pd.DataFrame
     best: pd.DataFrame
     random_control: pd.DataFrame
+    pool_control: pd.DataFrame
     seconds_per_evaluation: float
     n_search: int
+    n_confirm: int
     n_heldout: int
-
-    def smallest_helpful(self):
-        """The smallest best-by-search set whose held-out CI lies above zero, or None (an honest 'none')."""
-        ok = self.best[(self.best["size"] > 0) & (self.best["ci_low"] > 0)]
-        return None if ok.empty else ok.iloc[0]
+    n_explore: int
 
     def chosen(self):
-        """The set a practitioner would take, chosen on the search split only: the best-by-search set of any
-        size >= 1 (highest search accuracy; ties go to the smaller set), or None when no set improves the
-        search split. Its held-out row is the honest figure."""
-        b = self.best[self.best["size"] > 0]
-        row = b.loc[b["search_accuracy"].idxmax()]  # idxmax takes the first (smallest) on ties
-        return row if row["search_delta_accuracy"] > 0 else None  # nothing helps even on the search split
+        """The set the pipeline reports, chosen on the search and confirm splits only: of the best-by-search
+        sets confirmed on the confirm split, the one with the largest confirm gain (ties go to the smaller set);
+        None when none is confirmed. Its held-out row is the honest figure."""
+        ok = self.best[self.best["confirmed"]]
+        return None if ok.empty else ok.loc[ok["confirm_delta_accuracy"].idxmax()]
+
+    def chosen_gain(self) -> float:
+        """The held-out gain of the chosen set (0 when nothing is chosen: the pipeline removes nothing)."""
+        c = self.chosen()
+        return 0.0 if c is None else float(c["heldout_delta_accuracy"])
+
+    def pool_percentile(self) -> float:
+        """Where the chosen set's held-out gain falls among the random-pool pipelines' (mid-rank percentile)."""
+        return percentile_among(self.pool_control["heldout_delta_accuracy"].to_numpy(), self.chosen_gain())
 
     def explorer_data(self) -> dict:
         """What the kernel-free explorer needs: pool names and, per subset mask, the exact figures."""
         rows = {}
         for r in self.subsets.itertuples():
-            rows[int(r.mask)] = [round(float(r.search_accuracy), 4), round(float(r.heldout_accuracy), 4),
-                                 round(float(r.search_margin), 4), round(float(r.heldout_margin), 4)]
+            rows[int(r.mask)] = [round(float(r.search_accuracy), 4), round(float(r.explore_accuracy), 4),
+                                 round(float(r.search_margin), 4), round(float(r.explore_margin), 4)]
         return {"model": self.model, "task": self.task, "pool": [head_name(h) for h in self.pool],
-                "n_search": self.n_search, "n_heldout": self.n_heldout, "subsets": rows}
+                "n_search": self.n_search, "n_heldout": self.n_explore, "subsets": rows}
 
 
-def _subset_table(masks, sets, on_search, on_heldout) -> pd.DataFrame:
-    """One row per subset (the empty set first) with both splits' figures, single sums and interaction."""
-    m = max(masks).bit_length()
+def _subset_table(masks, sets, on_search, on_explore) -> pd.DataFrame:
+    """One row per subset (the empty set first) with the search split's and the explore items' figures."""
     rows = {}
-    for split, cmp in (("search", on_search), ("heldout", on_heldout)):
+    for split, cmp in (("search", on_search), ("explore", on_explore)):
+        if cmp is None:
+            rows[f"{split}_accuracy"] = rows[f"{split}_margin"] = np.full(len(sets), np.nan)
+            continue
         rows[f"{split}_accuracy"] = np.concatenate([cmp.baseline.accuracy, cmp.results.accuracy])
         rows[f"{split}_margin"] = np.concatenate([cmp.baseline.mean_margin, cmp.results.mean_margin])
     tab = pd.DataFrame({"mask": masks, "heads": [",".join(head_name(h) for h in s) for s in sets],
                         "size": [len(s) for s in sets], **rows})
-    tab = tab[["mask", "heads", "size", "search_accuracy", "search_margin", "heldout_accuracy", "heldout_margin"]]
-    for split in ("search", "heldout"):
+    for split in ("search", "explore"):
         tab[f"{split}_delta_accuracy"] = tab[f"{split}_accuracy"] - tab[f"{split}_accuracy"].iloc[0]
         tab[f"{split}_delta_margin"] = tab[f"{split}_margin"] - tab[f"{split}_margin"].iloc[0]
-    single = {int(r.mask): r.search_delta_accuracy for r in tab[tab["size"] == 1].itertuples()}
-    tab["sum_of_singles"] = [sum(single[1 << i] for i in range(m) if s >> i & 1) for s in masks]
-    tab["interaction"] = tab["search_delta_accuracy"] - tab["sum_of_singles"]
     tab["search_score"] = tab["search_accuracy"] + TIE_BREAK * tab["search_margin"]
     return tab
 
@@ -200,22 +211,79 @@ def _run_strategies(pool, sets, tab, max_size, beam_width, per_eval):
             i = row_of[tuple(sorted(sc.heads))]
             strat.append({"strategy": name, "size": k, "heads": tab["heads"].iloc[i],
                           "search_delta_accuracy": tab["search_delta_accuracy"].iloc[i],
-                          "heldout_delta_accuracy": tab["heldout_delta_accuracy"].iloc[i],
                           "n_evaluations": res.n_evaluations, "est_seconds": res.n_evaluations * per_eval})
-    best_rows = [0] + [row_of[tuple(sorted(runs["exhaustive"].best[k].heads))] for k in range(1, max_size + 1)]
+    best_rows = [row_of[tuple(sorted(runs["exhaustive"].best[k].heads))] for k in range(1, max_size + 1)]
     return pd.DataFrame(strat), best_rows
 
 
-def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_width: int = BEAM_WIDTH,
-                 random_sets: int = RANDOM_SETS, mode: str | Ablation = "zero", seed: int = 0, n_boot: int = N_BOOT,
-                 progress: bool = True) -> JointSearch:
-    """Evaluate every subset of ``pool`` (m <= ``POOL_MAX``) on the search and held-out splits, then run the
-    strategies.
+def margin_interaction(base: np.ndarray, joint: np.ndarray, singles: np.ndarray, n_boot: int = N_BOOT,
+                       seed: int = 0, alpha: float = ALPHA) -> tuple[float, float, float]:
+    """Interaction of a head set on per-item margins: mean over items of (joint change) - (sum of the members'
+    changes), with a percentile bootstrap CI over items (``scipy.stats.bootstrap``). ``base`` and ``joint`` are
+    ``[n_items]``, ``singles`` ``[n_members, n_items]``. Margins add exactly when the effects are additive, so
+    unlike accuracy no threshold makes it non-zero.
+
+    Example:
+        >>> base = np.zeros(4); singles = np.array([[1.0, 1, 1, 1], [2.0, 2, 2, 2]])
+        >>> margin_interaction(base, singles.sum(0), singles)[0]
+        0.0
+    """
+    from scipy.stats import bootstrap
+
+    d = (np.asarray(joint) - base) - (np.asarray(singles) - base).sum(axis=0)  # [n_items]
+    point = float(d.mean())
+    if np.ptp(d) == 0:
+        return point, point, point
+    ci = bootstrap((d,), np.mean, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return point, float(ci.low), float(ci.high)
+
+
+def _pipeline(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, ablation: Ablation,
+              n_boot: int, seed: int, progress: bool, explore=None):
+    """search (every subset) -> confirm (best set of each size, BH) -> held-out (Holm), for one pool."""
+    m = len(pool)
+    masks = subset_masks(m)
+    sets = [heads_of(s, pool) for s in masks]
+    named = _named(sets[1:])  # mask 0 is the empty set: the baseline of the comparison
+    t0 = time.perf_counter()
+    on_search = compare_sets(lm, encs["search"], named, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
+    per_eval = (time.perf_counter() - t0) / len(sets)
+    on_explore = None if explore is None else compare_sets(lm, explore, named, mode=ablation, n_boot=n_boot,
+                                                           seed=seed, progress=progress)
+    tab = _subset_table(masks, sets, on_search, on_explore)
+    strategies, best_rows = _run_strategies(pool, sets, tab, max_size, beam_width, per_eval)
+    best = tab.iloc[best_rows][["heads", "size", "search_accuracy", "search_delta_accuracy",
+                                "search_delta_margin"]].reset_index(drop=True)
+    best_sets = {r: sets[i] for r, i in zip(best["heads"], best_rows)}
+    conf = compare_sets(lm, encs["confirm"], best_sets, mode=ablation, n_boot=n_boot, seed=seed)
+    d = confirm_decisions(conf.baseline.correct[0], conf.results.correct, fdr)
+    best["confirm_delta_accuracy"] = conf.table["delta_accuracy"].to_numpy()
+    for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
+        best[f"confirm_{k}" if k != "confirmed" else k] = d[k]
+    held, cmp = heldout_test(lm, encs["heldout"], best_sets, mode=ablation, n_boot=n_boot, seed=seed)
+    best["heldout_baseline"] = held["baseline_accuracy"].to_numpy()
+    best["heldout_delta_accuracy"] = held["delta_accuracy"].to_numpy()
+    for k in ("ci_low", "ci_high", "fixes", "breaks", "p_value", "p_holm", "holds"):
+        best[k] = held[k].to_numpy()
+    best["heldout_delta_margin"] = held["delta_margin"].to_numpy()
+    return tab, strategies, best, best_sets, cmp, per_eval
+
+
+def joint_search(lm, search_task, confirm_task, heldout_task, pool, max_size: int = 3,
+                 beam_width: int = BEAM_WIDTH, fdr: float = FDR, random_sets: int = RANDOM_SETS,
+                 random_pools: int = RANDOM_POOLS, n_explore: int | None = None, mode: str | Ablation = "zero",
+                 seed: int = 0, n_boot: int = N_BOOT, progress: bool = True) -> JointSearch:
+    """Search every subset of ``pool`` (m <= ``POOL_MAX``) on the search split, confirm the best set of each
+    size on the confirm split, test them on the held-out split; then the two controls.
 
     The strategies (exhaustive up to ``max_size``, greedy, beam) run on the search-split figures of the sweep:
     the model is deterministic, so looking a set up is the same as evaluating it, and each strategy's cost is
-    its evaluation count (x the measured seconds per evaluation). Held-out figures are never used to choose.
-    Mean ablation takes its head means from the search split.
+    its evaluation count (x the measured seconds per evaluation). The held-out split never takes part in
+    choosing. ``n_explore``: held-out items (the first ones) on which every subset is also evaluated for the
+    explorer and the plain random control (None: all). ``random_pools``: how many random pools of the same
+    size go through the same pipeline (the selection-aware control). Mean ablation takes its head means from
+    the search split.
     """
     pool = [tuple(h) for h in pool]
     m = len(pool)
@@ -224,31 +292,44 @@ def joint_search(lm, search_task, heldout_task, pool, max_size: int = 3, beam_wi
     if len(set(pool)) != m:
         raise CELError("the candidate pool has duplicates")
     max_size = min(max_size, m)
-    enc_s, enc_h = encode_task(lm, search_task), encode_task(lm, heldout_task)
-    ablation = Ablation.of(mode).resolved(lm, enc_s.inputs)
-    masks = subset_masks(m)
-    sets = [heads_of(s, pool) for s in masks]
-    named = _named(sets[1:])  # mask 0 is the empty set: the baseline of the comparison
-    t0 = time.perf_counter()
-    on_search = compare_sets(lm, enc_s, named, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
-    on_heldout = compare_sets(lm, enc_h, named, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
-    per_eval = (time.perf_counter() - t0) / (2 * len(sets))
-    tab = _subset_table(masks, sets, on_search, on_heldout)
-    strategies, best_rows = _run_strategies(pool, sets, tab, max_size, beam_width, per_eval)
-    best = tab.iloc[best_rows][["heads", "size", "search_accuracy", "search_delta_accuracy", "heldout_accuracy",
-                                "heldout_delta_accuracy", "interaction"]].reset_index(drop=True)
-    ci = on_heldout.table  # row r of the table is subset r + 1; the empty set's CI is [0, 0]
-    best["ci_low"] = [0.0 if r == 0 else float(ci["ci_low"].iloc[r - 1]) for r in best_rows]
-    best["ci_high"] = [0.0 if r == 0 else float(ci["ci_high"].iloc[r - 1]) for r in best_rows]
-    control = random_control(lm, enc_h, range(1, max_size + 1), random_sets, mode=ablation, seed=seed,
+    encs = {"search": encode_task(lm, search_task), "confirm": encode_task(lm, confirm_task),
+            "heldout": encode_task(lm, heldout_task)}
+    n_explore = encs["heldout"].n_items if n_explore is None else min(n_explore, encs["heldout"].n_items)
+    explore = encode_task(lm, replace(heldout_task, items=heldout_task.items[:n_explore]))
+    ablation = Ablation.of(mode).resolved(lm, encs["search"].inputs)
+    tab, strategies, best, best_sets, cmp, per_eval = _pipeline(lm, encs, pool, max_size, beam_width, fdr,
+                                                                ablation, n_boot, seed, progress, explore)
+    # interaction on held-out margins: each best set against the sum of its members' changes
+    members = sorted({h for s in best_sets.values() for h in s})
+    singles = compare_sets(lm, encs["heldout"], _named([[h] for h in members]), mode=ablation, n_boot=n_boot,
+                           seed=seed)
+    row_of = {h: i for i, h in enumerate(members)}
+    base_m = cmp.baseline.margin[0]
+    inter = [margin_interaction(base_m, cmp.results.margin[j], singles.results.margin[[row_of[h] for h in s]],
+                                n_boot=n_boot, seed=seed) for j, s in enumerate(best_sets.values())]
+    best["interaction"], best["interaction_ci_low"], best["interaction_ci_high"] = map(list, zip(*inter))
+    control = random_control(lm, explore, range(1, max_size + 1), random_sets, mode=ablation, seed=seed,
                              progress=progress)
+    ex = tab.set_index("heads")["explore_delta_accuracy"]
+    best["explore_delta_accuracy"] = [float(ex[h]) for h in best["heads"]]
     best["random_percentile"] = [
         percentile_among(control[control["size"] == r.size]["heldout_delta_accuracy"].to_numpy(),
-                         r.heldout_delta_accuracy) for r in best.itertuples()]
-    heldout_correct = np.concatenate([on_heldout.baseline.correct, on_heldout.results.correct])
-    return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab, heldout_correct=heldout_correct,
-                       strategies=strategies, best=best, random_control=control, seconds_per_evaluation=per_eval,
-                       n_search=enc_s.n_items, n_heldout=enc_h.n_items)
+                         r.explore_delta_accuracy) for r in best.itertuples()]
+    rng = np.random.default_rng(seed)
+    everything = all_heads(lm)
+    pc = []
+    for rep in range(random_pools):
+        rpool = [everything[i] for i in rng.choice(len(everything), m, replace=False)]
+        _, _, rb, _, _, _ = _pipeline(lm, encs, rpool, max_size, beam_width, fdr, ablation, n_boot, seed, False)
+        ok = rb[rb["confirmed"]]
+        pick = None if ok.empty else ok.loc[ok["confirm_delta_accuracy"].idxmax()]
+        pc.append({"replicate": rep, "pool": format_heads(rpool), "chosen": None if pick is None else pick["heads"],
+                   "heldout_delta_accuracy": 0.0 if pick is None else float(pick["heldout_delta_accuracy"])})
+    pool_control = pd.DataFrame(pc, columns=["replicate", "pool", "chosen", "heldout_delta_accuracy"])
+    return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab, strategies=strategies,
+                       best=best, random_control=control, pool_control=pool_control,
+                       seconds_per_evaluation=per_eval, n_search=encs["search"].n_items,
+                       n_confirm=encs["confirm"].n_items, n_heldout=encs["heldout"].n_items, n_explore=n_explore)
 
 
 def cross_task(lm, head_sets: dict, tasks: dict, mode: str | Ablation = "zero", n_boot: int = N_BOOT,

@@ -183,67 +183,79 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = 
 # Chapter 2: joint search
 # ---------------------------------------------------------------------------------------------
 def search_trajectory(js, title: str | None = None) -> go.Figure:
-    """Accuracy of the best-by-search set of each size (exhaustive over the pool), search and held-out,
-    with the held-out 95% CI where it was computed and the greedy path marked."""
-    t = js.subsets
-    best = t.loc[t["search_score"].groupby(t["size"]).idxmax()].sort_values("size")
+    """Change in accuracy of the best-by-search set of each size on the three splits: search (where it was
+    chosen), confirm and held-out (with the held-out 95% CI); the greedy path marked on the search line."""
+    b = js.best.sort_values("size")
     fig = go.Figure()
-    fig.add_scatter(x=best["size"], y=best["search_accuracy"], mode="lines+markers", name="search split",
-                    text=best["heads"], hovertemplate="%{text}<br>size %{x}: %{y:.3f}<extra>search</extra>")
-    b = js.best.set_index("size")
-    base = float(t["heldout_accuracy"].iloc[0])
-    err = [b["ci_high"].get(k, np.nan) + base - a if k in b.index else 0 for k, a in
-           zip(best["size"], best["heldout_accuracy"])]
-    err_m = [a - (b["ci_low"].get(k, np.nan) + base) if k in b.index else 0 for k, a in
-             zip(best["size"], best["heldout_accuracy"])]
-    fig.add_scatter(x=best["size"], y=best["heldout_accuracy"], mode="lines+markers", name="held-out",
-                    text=best["heads"], error_y=dict(type="data", array=err, arrayminus=err_m, visible=True),
-                    hovertemplate="%{text}<br>size %{x}: %{y:.3f}<extra>held-out</extra>")
+    for col, name in (("search_delta_accuracy", "search split (chosen here)"),
+                      ("confirm_delta_accuracy", "confirm split"), ("heldout_delta_accuracy", "held-out")):
+        kw = {}
+        if col == "heldout_delta_accuracy":
+            kw["error_y"] = dict(type="data", array=b["ci_high"] - b[col], arrayminus=b[col] - b["ci_low"],
+                                 visible=True)
+        fig.add_scatter(x=b["size"], y=b[col], mode="lines+markers", name=name, text=b["heads"],
+                        hovertemplate="%{text}<br>size %{x}: %{y:+.3f}<extra>" + name + "</extra>", **kw)
     g = js.strategies[js.strategies.strategy == "greedy"]
     if len(g):
-        gy = [float(t.loc[t["heads"] == h, "search_accuracy"].iloc[0]) for h in g["heads"]]
-        fig.add_scatter(x=g["size"], y=gy, mode="markers", name="greedy's pick (search)",
+        fig.add_scatter(x=g["size"], y=g["search_delta_accuracy"], mode="markers", name="greedy's pick (search)",
                         marker=dict(symbol="x", size=10), text=g["heads"],
                         hovertemplate="%{text}<extra>greedy</extra>")
-    fig.update_layout(title=title or f"{js.model} · {js.task}: best set of each size",
-                      xaxis_title="heads ablated together", yaxis_title="accuracy", height=380)
+    fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
+    fig.update_layout(title=title or f"{js.model} · {js.task}: best set of each size on the three splits",
+                      xaxis_title="heads ablated together", yaxis_title="change in accuracy", height=380)
     return fig
 
 
 def random_control_figure(js, title: str | None = None) -> go.Figure:
-    """Held-out change of random head sets of each size (from all heads), with the found set marked."""
-    rc = js.random_control
+    """Left: change of random head sets of each size (from all heads) on the explore items, with the found set
+    marked (the plain control). Right: the held-out gain of the whole pipeline run on random pools of the
+    same size, with the real pipeline's marked (the selection-aware control)."""
+    rc, pc = js.random_control, js.pool_control
     sizes = sorted(rc["size"].unique())
     fig = go.Figure()
     for k in sizes:
-        fig.add_box(x=[f"size {k}"] * int((rc["size"] == k).sum()), y=rc[rc["size"] == k]["heldout_delta_accuracy"],
-                    name=f"random, size {k}", boxpoints="all", jitter=0.5, pointpos=0, marker=dict(size=4),
-                    line=dict(color="#999"), fillcolor="rgba(0,0,0,0)", text=rc[rc["size"] == k]["heads"],
-                    showlegend=False, hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+        fig.add_box(x=[f"random set, size {k}"] * int((rc["size"] == k).sum()),
+                    y=rc[rc["size"] == k]["heldout_delta_accuracy"], name=f"random, size {k}", boxpoints="all",
+                    jitter=0.5, pointpos=0, marker=dict(size=4), line=dict(color="#999"),
+                    fillcolor="rgba(0,0,0,0)", text=rc[rc["size"] == k]["heads"], showlegend=False,
+                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
     b = js.best[js.best["size"].isin(sizes)]
-    fig.add_scatter(x=[f"size {k}" for k in b["size"]], y=b["heldout_delta_accuracy"], mode="markers",
-                    marker=dict(symbol="star", size=16, color="#c0392b"), name="found set (held-out)",
+    fig.add_scatter(x=[f"random set, size {k}" for k in b["size"]], y=b["explore_delta_accuracy"], mode="markers",
+                    marker=dict(symbol="star", size=16, color="#c0392b"), name="best-by-search set",
                     text=[f"{h}<br>percentile {p:.0f}" for h, p in zip(b["heads"], b["random_percentile"])],
                     hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+    if len(pc):
+        fig.add_box(x=["random pool, same pipeline"] * len(pc), y=pc["heldout_delta_accuracy"], boxpoints="all",
+                    jitter=0.5, pointpos=0, marker=dict(size=6), line=dict(color="#999"),
+                    fillcolor="rgba(0,0,0,0)", text=pc["chosen"].fillna("nothing chosen"), showlegend=False,
+                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
+        fig.add_scatter(x=["random pool, same pipeline"], y=[js.chosen_gain()], mode="markers",
+                        marker=dict(symbol="diamond", size=14, color="#c0392b"), name="the screened pool's pipeline",
+                        hovertemplate=f"percentile {js.pool_percentile():.0f}: %{{y:+.3f}}<extra></extra>")
     fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
-    fig.update_layout(title=title or f"{js.model} · {js.task}: found sets vs random sets (held-out)",
-                      yaxis_title="change in held-out accuracy", height=380)
+    fig.update_layout(title=title or f"{js.model} · {js.task}: found sets against random sets and random pools",
+                      yaxis_title="change in held-out accuracy", height=400)
     return fig
 
 
 def interaction(js, title: str | None = None) -> go.Figure:
-    """Joint effect of each subset (search split) against the sum of its members' single effects."""
-    t = js.subsets[js.subsets["size"] >= 2]
+    """For each best-by-search set of two or more heads: its change in held-out mean margin against the sum of
+    its members' single changes, with the 95% CI of the difference (the diagonal: additive)."""
+    b = js.best[js.best["size"] >= 2]
     fig = go.Figure()
-    for k in sorted(t["size"].unique()):
-        s = t[t["size"] == k]
-        fig.add_scatter(x=s["sum_of_singles"], y=s["search_delta_accuracy"], mode="markers", name=f"{k} heads",
-                        text=s["heads"], hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<extra></extra>")
-    lo = float(min(t["sum_of_singles"].min(), t["search_delta_accuracy"].min(), 0)) if len(t) else -1
-    hi = float(max(t["sum_of_singles"].max(), t["search_delta_accuracy"].max(), 0)) if len(t) else 1
+    if len(b):
+        joint = b["heldout_delta_margin"]
+        summed = joint - b["interaction"]
+        fig.add_scatter(x=summed, y=joint, mode="markers", text=b["heads"], name="best set of its size",
+                        error_y=dict(type="data", array=b["interaction_ci_high"] - b["interaction"],
+                                     arrayminus=b["interaction"] - b["interaction_ci_low"], visible=True),
+                        hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<extra></extra>")
+        lo, hi = float(min(summed.min(), joint.min(), 0)), float(max(summed.max(), joint.max(), 0))
+    else:
+        lo, hi = -1.0, 1.0
     fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"), name="additive")
-    fig.update_layout(title=title or f"{js.model} · {js.task}: do single-head effects add up?",
-                      xaxis_title="sum of single-head changes (search)", yaxis_title="joint change (search)",
+    fig.update_layout(title=title or f"{js.model} · {js.task}: do single-head effects add up? (held-out margins)",
+                      xaxis_title="sum of single-head changes in mean margin", yaxis_title="joint change in mean margin",
                       height=400)
     return fig
 

@@ -130,6 +130,22 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Abla
                   n_layers=lm.n_layers)
 
 
+def confirm_test(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
+                 mode: str | Ablation = "zero", means=None, n_boot: int = N_BOOT, seed: int = 0):
+    """:func:`confirm_heads` and the per-item :class:`~cel_utils.compare.Comparison` behind its table."""
+    top = sc.top(top_k, by="delta_margin")
+    heads = {name: [(int(l), int(h))] for name, l, h in zip(top["head"], top["layer"], top["head_index"])}
+    cmp = compare_sets(lm, confirm_task, heads, mode=mode, means=means, n_boot=n_boot, seed=seed)
+    d = confirm_decisions(cmp.baseline.correct[0], cmp.results.correct, fdr)
+    tab = cmp.table[["heads", "n_items", "baseline_accuracy", "accuracy", "delta_accuracy", "ci_low", "ci_high",
+                     "delta_margin"]].rename(columns={"heads": "head"})
+    for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
+        tab[k] = d[k]
+    tab.insert(1, "search_delta_accuracy", top["delta_accuracy"].to_numpy())
+    tab.insert(1, "search_delta_margin", top["delta_margin"].to_numpy())
+    return tab, cmp
+
+
 def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
                   mode: str | Ablation = "zero", means=None, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
     """Re-test the ``top_k`` heads of a screen (ranked by the change in mean margin on the screen's own items)
@@ -141,16 +157,7 @@ def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr:
         >>> sc = screen(lm, load_task("addition", "search", n=32))             # doctest: +SKIP
         >>> confirm_heads(lm, sc, load_task("addition", "confirm", n=150))     # doctest: +SKIP
     """
-    top = sc.top(top_k, by="delta_margin")
-    heads = {name: [(int(l), int(h))] for name, l, h in zip(top["head"], top["layer"], top["head_index"])}
-    cmp = compare_sets(lm, confirm_task, heads, mode=mode, means=means, n_boot=n_boot, seed=seed)
-    d = confirm_decisions(cmp.baseline.correct[0], cmp.results.correct, fdr)
-    tab = cmp.table[["heads", "n_items", "baseline_accuracy", "accuracy", "delta_accuracy", "ci_low", "ci_high",
-                     "delta_margin"]].rename(columns={"heads": "head"})
-    for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
-        tab[k] = d[k]
-    tab.insert(1, "search_delta_margin", top["delta_margin"].to_numpy())
-    return tab
+    return confirm_test(lm, sc, confirm_task, top_k, fdr, mode, means, n_boot, seed)[0]
 
 
 def confirmation_power(conf: pd.DataFrame, n_items: int, fdr: float = FDR, power: float = POWER) -> dict:

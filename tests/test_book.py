@@ -17,13 +17,16 @@ pytestmark = pytest.mark.notebook
 
 CI_PARAMETERS = {
     "01_screening": {"n_search": 8, "n_confirm": 10, "n_heldout": 8, "top_k": 3, "heads": "all"},
-    "01a_landscape": {"tasks": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["sequences"]},
-                      "n_items": 6, "screen_heads": "L13,L14", "top_k": 2},
+    # fdr above 1 confirms every re-tested head that gains, so that the held-out, cost and mean-ablation paths run
+    "01a_landscape": {"tasks": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["agreement_rc"]},
+                      "n_search": 6, "n_confirm": 10, "n_heldout": 8, "n_cost": 6, "screen_heads": "L13,L14",
+                      "top_k": 2, "fdr": 1.01},
     "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
                                "compressed_evals": 20},
     "02_joint_search": {"models": ["smollm2-135m"], "tasks": {"smollm2-135m": ["addition", "agreement_rc"]},
-                        "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_items": 6,
-                        "screen_heads": "L13,L14", "pool_size": 3, "max_size": 2, "random_sets": 4},
+                        "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,
+                        "n_confirm": 10, "n_heldout": 8, "n_explore": 6, "n_cost": 6, "screen_heads": "L13,L14",
+                        "pool_size": 3, "max_size": 2, "random_sets": 4, "random_pools": 2, "fdr": 1.01},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
                   "sweep_steps": 1500},
 }
@@ -71,40 +74,80 @@ def test_chapter1_records(staged):
     assert m == sorted(m, reverse=True)
 
 
+def _markdown_outputs(staged, name) -> str:
+    """Every markdown output the executed chapter displayed (the prose its code wrote)."""
+    root, _ = staged
+    nb = json.loads((root / "book" / "chapters" / f"{name}.ipynb").read_text())
+    return "\n".join("".join(o["data"]["text/markdown"]) for c in nb["cells"] if c["cell_type"] == "code"
+                     for o in c.get("outputs", []) if "text/markdown" in o.get("data", {}))
+
+
 def test_landscape_records(staged):
     r = _record(staged, "01a_landscape")
     assert {(p["model"], p["task"]) for p in r["pairs"]} == {("smollm2-135m", "addition"),
-                                                             ("smollm2-135m", "sentiment"), ("gemma3-270m", "sequences")}
+                                                             ("smollm2-135m", "sentiment"), ("gemma3-270m", "agreement_rc")}
+    verdicts = {(v["model"], v["task"]): v for v in r["verdict"]}
+    prose = _markdown_outputs(staged, "01a_landscape")
     for p in r["pairs"]:
         assert p["n_heads_screened"] == len(p["screened_heads"]) == (18 if p["model"] == "smollm2-135m" else 8)
-        assert set(p["candidates"]) <= set(p["screened_heads"]) and p["n_candidates"] == len(p["candidates"])
-        assert len(p["checked"]) == 2
-        for c in p["checked"]:
-            assert c["head"] in p["screened_heads"]
-            assert c["ci_low"] - 1e-9 <= c["heldout_delta"] <= c["ci_high"] + 1e-9
-        b = p["best_heldout"]
-        assert b["delta"] == max(c["heldout_delta"] for c in p["checked"])
-        for f in p["flips"]:
-            net = next(c["heldout_delta"] for c in p["checked"] if c["head"] == f["head"])
-            assert (f["fixed"] - f["broken"]) / p["n_heldout"] == pytest.approx(net)
-    kinds = {p["task"]: p["kinds"] for p in r["pairs"]}
-    assert kinds["addition"] == {}  # exact match: no classes
-    assert set(kinds["sentiment"].values()) <= {"capability-like", "bias-like", "harmful", "none"}
+        assert set(p["candidates"]) <= set(p["screened_heads"])
+        assert len(p["confirm"]) == 2 and {c["head"] for c in p["confirm"]} <= set(p["screened_heads"])
+        m = [c["search_delta_margin"] for c in p["confirm"]]
+        assert m == sorted(m, reverse=True)                      # re-tested: the top heads by search margin
+        for c in p["confirm"]:
+            assert (c["fixes"] - c["breaks"]) / p["n_confirm"] == pytest.approx(c["delta_accuracy"])
+            assert c["confirmed"] == (c["q_value"] < r["fdr"] and c["fixes"] > c["breaks"])
+        assert p["confirmed"] == [c["head"] for c in p["confirm"] if c["confirmed"]]
+        tested = [h["heads"] for h in p["heldout"]]
+        assert tested == (p["confirmed"] + (["+".join(p["confirmed"])] if len(p["confirmed"]) > 1 else []))
+        for h in p["heldout"]:
+            assert (h["fixes"] - h["breaks"]) / p["n_heldout"] == pytest.approx(h["delta_accuracy"])
+            assert h["holds"] == (h["p_holm"] < 0.05 and h["delta_accuracy"] > 0)
+        v = verdicts[p["model"], p["task"]]
+        line = next(l for l in prose.splitlines() if f"**{p['model']} / {p['task']}**" in l)
+        assert f"baseline {v['baseline']:.3f} on {p['n_search']} search items" in line
+        if p["confirmed"]:
+            chosen = next(h for h in p["heldout"] if h["heads"] == "+".join(p["confirmed"]))
+            assert v["chosen"] == chosen["heads"] and v["heldout_delta"] == pytest.approx(chosen["delta_accuracy"])
+            assert f"{chosen['delta_accuracy']:+.3f}" in line and v["holds"] == chosen["holds"]
+        else:
+            assert v["chosen"] is None and "not detected" in line
+            assert (f"{p['min_detectable_gain']:.3f}" in line) if p["min_detectable_gain"] is not None else (
+                "could not detect any gain" in line)
+    # the cost rows are each chosen set on the held-out items of every task of its model
+    for c in r["cost"]:
+        assert c["ci_low"] - 1e-9 <= c["delta_accuracy"] <= c["ci_high"] + 1e-9
+    for z in r["zero_vs_mean"]:
+        assert z["head"] in verdicts[z["model"], z["task"]]["confirmed"].split(", ")
+    kinds = {(c["task"], c["heads"]): c["kind"] for c in r["classes"]}
+    assert not any(t == "addition" for t, _ in kinds)               # exact match: no classes
+    assert set(kinds.values()) <= {"capability-like", "bias-like", "harmful", "unclear", "none"}
+    sizes = {t["task"]: t for t in r["task_sizes"]}
+    assert sizes["capitals"]["best_case_mde"] > sizes["addition"]["best_case_mde"] - 1e-12
 
 
 def test_joint_search_records(staged):
     r = _record(staged, "02_joint_search")
     assert [p["task"] for p in r["pairs"]] == ["addition", "agreement_rc"]
-    for p in r["pairs"]:
+    prose = _markdown_outputs(staged, "02_joint_search")
+    for p, v in zip(r["pairs"], r["verdict"]):
         assert len(p["pool"]) == 3 and p["n_subsets"] == 8 and len(p["explorer"]["subsets"]) == 8
-        assert [b["size"] for b in p["best"]] == [0, 1, 2]
+        assert [b["size"] for b in p["best"]] == [1, 2]
         for b in p["best"]:
             assert b["ci_low"] - 1e-9 <= b["heldout_delta_accuracy"] <= b["ci_high"] + 1e-9
-            assert set(filter(None, b["heads"].split(","))) <= set(p["pool"])
+            assert set(b["heads"].split(",")) <= set(p["pool"])
+            assert (b["fixes"] - b["breaks"]) / p["n_heldout"] == pytest.approx(b["heldout_delta_accuracy"])
+            assert b["holds"] == (b["p_holm"] < 0.05 and b["heldout_delta_accuracy"] > 0)
         assert p["n_evaluations"]["exhaustive"] == 1 + 3 + 3 and p["n_evaluations"]["greedy"] <= 7
-        if p["chosen"] is not None:
-            assert 0 <= p["chosen"]["random_percentile"] <= 100
-            assert p["chosen"]["search_delta_accuracy"] > 0
+        ok = [b for b in p["best"] if b["confirmed"]]
+        assert p["chosen"] == (max(ok, key=lambda b: b["confirm_delta_accuracy"])["heads"] if ok else None)
+        assert len(p["pool_control"]) == 2 and 0 <= p["pool_percentile"] <= 100
+        line = next(l for l in prose.splitlines() if f"**{p['model']} / {p['task']}**" in l)
+        if p["chosen"]:
+            b = next(b for b in p["best"] if b["heads"] == p["chosen"])
+            assert f"{b['heldout_delta_accuracy']:+.3f}" in line and v["holds"] == b["holds"]
+        else:
+            assert "not detected" in line
     sets = {c["set"] for c in r["cross_task"]}
     assert {c["task"] for c in r["cross_task"]} == ({"addition", "agreement_rc", "sentiment"} if sets else set())
 
@@ -271,14 +314,15 @@ def test_joint_search_chapter_in_mean_mode(tmp_path):
 
     d = save_tiny(tmp_path / "model", "llama")
     params = {"models": [d], "tasks": {d: ["agreement", "sentiment"]}, "cost_tasks": {d: ["agreement", "sentiment"]},
-              "n_items": 6, "screen_heads": "all", "pool_size": 3, "max_size": 2, "random_sets": 3, "mode": "mean",
+              "n_search": 6, "n_confirm": 6, "n_heldout": 6, "n_explore": 6, "n_cost": 6, "screen_heads": "all",
+              "pool_size": 3, "max_size": 2, "random_sets": 3, "random_pools": 1, "fdr": 1.01, "mode": "mean",
               "live_grid": False}
     pm.execute_notebook(str(book.NOTEBOOKS / "02_joint_search.ipynb"), str(tmp_path / "out.ipynb"),
                         parameters=params, kernel_name="python3", cwd=str(tmp_path), progress_bar=False)
     r = json.loads((tmp_path / "02_joint_search.record.json").read_text())
     assert [p["task"] for p in r["pairs"]] == ["agreement", "sentiment"]
     for p in r["pairs"]:
-        assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [0, 1, 2]
+        assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [1, 2]
 
 
 PAGES = ["book/intro", "book/models_and_tasks", "book/course_guide", "book/glossary", "book/bibliography",

@@ -121,7 +121,10 @@ def test_cel_search_json(tmp_path, capsys):
 
 
 def test_joint_search_on_tiny_model(tiny_llama):
-    """Every subset is evaluated; the table agrees with direct evaluation; strategies and controls are consistent."""
+    """Every subset is evaluated on the search split; the best set of each size is confirmed and tested with the
+    right statistics (checked against scipy on direct evaluations); controls are consistent."""
+    from scipy.stats import binomtest
+
     from cel_utils.ablation import parse_heads
     from cel_utils.scoring import encode_task
     from cel_utils.engine import evaluate_head_sets
@@ -129,35 +132,68 @@ def test_joint_search_on_tiny_model(tiny_llama):
     from cel_utils.tasks import load_task
 
     lm = tiny_llama
-    s, h = load_task("agreement", "search", n=16), load_task("agreement", "heldout", n=16)
+    s, c, h = (load_task("ioi", split, n=n) for split, n in (("search", 16), ("confirm", 40), ("heldout", 40)))
     pool = parse_heads("L0H0,L0H3,L1H1,L1H2", lm.n_layers, lm.n_heads)
-    js = joint_search(lm, s, h, pool, max_size=3, random_sets=7, progress=False, n_boot=300)
+    js = joint_search(lm, s, c, h, pool, max_size=3, random_sets=7, random_pools=2, n_explore=12, fdr=1.01,
+                      progress=False, n_boot=300)
     t = js.subsets
     assert len(t) == 16 and t["size"].tolist() == sorted(t["size"]) and t["mask"].iloc[0] == 0
-    assert t["search_delta_accuracy"].iloc[0] == 0 and t["heldout_delta_accuracy"].iloc[0] == 0
-    singles = t[t["size"] == 1]
-    assert np.allclose(singles["interaction"], 0)
-    # a row of the table equals a direct evaluation of that set
+    assert t["search_delta_accuracy"].iloc[0] == 0 and t["explore_delta_accuracy"].iloc[0] == 0
+    # a row of the table equals a direct evaluation of that set (search split, and the first 12 held-out items)
     row = t[t["mask"] == 0b1011].iloc[0]
-    direct = evaluate_head_sets(lm, encode_task(lm, h), [[pool[0], pool[1], pool[3]]], progress=False, use_cache=False)
+    three = [pool[0], pool[1], pool[3]]
+    direct = evaluate_head_sets(lm, encode_task(lm, s), [three], progress=False, use_cache=False)
     assert row["heads"] == "L0H0,L0H3,L1H2"
-    assert row["heldout_accuracy"] == pytest.approx(direct.accuracy[0])
-    assert row["heldout_margin"] == pytest.approx(direct.mean_margin[0], abs=1e-4)
+    assert row["search_accuracy"] == pytest.approx(direct.accuracy[0])
+    assert row["search_margin"] == pytest.approx(direct.mean_margin[0], abs=1e-4)
+    first12 = load_task("ioi", "heldout", n=12)
+    direct = evaluate_head_sets(lm, encode_task(lm, first12), [three], progress=False, use_cache=False)
+    assert row["explore_accuracy"] == pytest.approx(direct.accuracy[0])
     # exhaustive best per size is the table's best per size (search accuracy, margin tie-break)
     key = t["search_accuracy"] + 1e-3 * t["search_margin"]
+    b = js.best
+    assert b["size"].tolist() == [1, 2, 3]
     for k in (1, 2, 3):
         i = key[t["size"] == k].idxmax()
         ex = js.strategies[(js.strategies.strategy == "exhaustive") & (js.strategies["size"] == k)]
-        assert ex["heads"].iloc[0] == t["heads"].loc[i]
+        assert ex["heads"].iloc[0] == t["heads"].loc[i] == b["heads"].iloc[k - 1]
     ev = js.strategies.groupby("strategy")["n_evaluations"].first()
     assert ev["exhaustive"] == 1 + 4 + 6 + 4 and ev["greedy"] <= ev["exhaustive"]
-    b = js.best
-    assert b["size"].tolist() == [0, 1, 2, 3]
-    assert ((b.ci_low <= b.heldout_delta_accuracy + 1e-9) & (b.heldout_delta_accuracy <= b.ci_high + 1e-9)).all()
+    # confirm and held-out statistics, recomputed from direct evaluations with scipy and a hand Holm step
+    sets = [parse_heads(x) for x in b["heads"]]
+    ps = {}
+    for split, task in (("confirm", c), ("heldout", h)):
+        r = evaluate_head_sets(lm, encode_task(lm, task), [[]] + sets, progress=False, use_cache=False)
+        base, abl = r.correct[0], r.correct[1:]
+        fixes, breaks = (~base & abl).sum(1), (base & ~abl).sum(1)
+        ps[split] = np.array([1.0 if f + k == 0 else binomtest(int(f), int(f + k)).pvalue for f, k in zip(fixes, breaks)])
+        col = "confirm_delta_accuracy" if split == "confirm" else "heldout_delta_accuracy"
+        assert b[col].to_numpy() == pytest.approx((fixes - breaks) / len(task))
+        # interaction on held-out margins: the set's change minus its members' changes
+        if split == "heldout":
+            single = evaluate_head_sets(lm, encode_task(lm, task), [[x] for x in pool], progress=False, use_cache=False)
+            dm = single.margin - r.margin[0]                           # [4, n_items]
+            for j, hs in enumerate(sets):
+                want = (r.margin[1 + j] - r.margin[0]) - sum(dm[pool.index(x)] for x in hs)
+                assert b["interaction"].iloc[j] == pytest.approx(want.mean(), abs=1e-4)
+                assert b["interaction_ci_low"].iloc[j] <= b["interaction"].iloc[j] + 1e-9
+    order = np.argsort(ps["heldout"])
+    holm = np.minimum(1, np.maximum.accumulate(ps["heldout"][order] * (3 - np.arange(3))))
+    want = np.empty(3)
+    want[order] = holm
+    assert b["p_holm"].to_numpy() == pytest.approx(want)
+    assert b["interaction"].iloc[0] == pytest.approx(0.0, abs=1e-6)   # one head: nothing to interact with
+    # the choice uses the confirm split only: the confirmed set with the largest confirm gain
+    ok = b[b["confirmed"]]
+    chosen = js.chosen()
+    assert (chosen is None) == ok.empty
+    if chosen is not None:
+        assert chosen["confirm_delta_accuracy"] == ok["confirm_delta_accuracy"].max()
     assert js.random_control.groupby("size").size().tolist() == [7, 7, 7]
-    assert b["random_percentile"].iloc[1:].between(0, 100).all()
+    assert len(js.pool_control) == 2 and 0 <= js.pool_percentile() <= 100
+    assert all(len(parse_heads(p)) == 4 for p in js.pool_control["pool"])
     data = js.explorer_data()
-    assert data["pool"] == ["L0H0", "L0H3", "L1H1", "L1H2"] and len(data["subsets"]) == 16
+    assert data["pool"] == ["L0H0", "L0H3", "L1H1", "L1H2"] and len(data["subsets"]) == 16 and data["n_heldout"] == 12
 
 
 def test_joint_search_rejects_bad_pools(tiny_llama):
@@ -166,9 +202,9 @@ def test_joint_search_rejects_bad_pools(tiny_llama):
 
     s = load_task("agreement", n=4)
     with pytest.raises(ValueError, match="1 to 10"):
-        joint_search(tiny_llama, s, s, [])
+        joint_search(tiny_llama, s, s, s, [])
     with pytest.raises(ValueError, match="duplicates"):
-        joint_search(tiny_llama, s, s, [(0, 1), (0, 1)])
+        joint_search(tiny_llama, s, s, s, [(0, 1), (0, 1)])
 
 
 def test_cross_task_table(tiny_llama):
@@ -192,3 +228,21 @@ def test_subset_explorer_needs_every_subset():
     d["subsets"][3] = [1, 0, 1, 0]
     html = subset_explorer_html(d)
     assert html.count("data-bit=") == 2 and html == subset_explorer_html(d)  # deterministic ids
+
+
+def test_joint_choice_never_reads_the_heldout_split():
+    """The chosen set is the confirmed set with the largest confirm gain, whatever the held-out figures say."""
+    import pandas as pd
+
+    from cel_utils.joint import JointSearch
+
+    best = pd.DataFrame({"heads": ["A", "A,B", "A,B,C"], "size": [1, 2, 3], "confirmed": [True, True, False],
+                         "confirm_delta_accuracy": [0.10, 0.05, 0.30], "heldout_delta_accuracy": [0.0, 0.2, 0.4]})
+    pc = pd.DataFrame({"heldout_delta_accuracy": [-0.1, 0.0, 0.1]})
+    js = JointSearch(model="m", task="t", pool=[], subsets=pd.DataFrame(), strategies=pd.DataFrame(), best=best,
+                     random_control=pd.DataFrame(), pool_control=pc, seconds_per_evaluation=0.0, n_search=1,
+                     n_confirm=1, n_heldout=1, n_explore=1)
+    assert js.chosen()["heads"] == "A" and js.chosen_gain() == 0.0
+    assert js.pool_percentile() == 50.0                  # 0.0 ties the middle random pool
+    none = JointSearch(**{**js.__dict__, "best": best.assign(confirmed=False)})
+    assert none.chosen() is None and none.chosen_gain() == 0.0

@@ -1,0 +1,242 @@
+"""The book's verdict for one (model, task): choose on one split, confirm on another, report on a third.
+
+:func:`single_head_verdict` runs the three stages of chapter 1 on a task's disjoint splits:
+
+1. **search**: every head ablated alone on a few items, ranked by the change in mean margin;
+2. **confirm**: the top ``top_k`` heads re-tested on fresh items, exact McNemar p-values, Benjamini-Hochberg
+   over the ``top_k``; a head is confirmed when ``q < fdr`` and it fixes more items than it breaks;
+3. **heldout**: the confirmed heads, alone and all together, tested once more on items that took no part in
+   any choice (:func:`cel_utils.compare.heldout_test`: exact McNemar, Holm over the sets tested).
+
+The result carries every table and a one-row :meth:`Verdict.row` (baseline, confirmed heads, the chosen set,
+its held-out gain with CI and Holm-adjusted p, the minimum detectable gain, and a sentence). When nothing is
+confirmed the sentence says how large a single-head gain would have been found with 80% power.
+
+Example:
+    >>> v = single_head_verdict(lm, "addition", n_search=32, n_confirm=200, n_heldout=200)  # doctest: +SKIP
+    >>> v.row()["verdict"]                                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .ablation import Ablation, Head, format_heads, parse_heads
+from .compare import Comparison, compare_sets, heldout_test
+from .defaults import CONFIRM_TOP_K, FDR, N_BOOT, POWER
+from .scoring import encode_task
+from .joint import cross_task
+from .screening import Screen, confirm_test, confirmation_power, screen
+from .stats import min_detectable_gain
+from .tasks import Task, load_task
+
+
+def together(names: Sequence[str]) -> str:
+    """The name of a set of several heads removed together (``"L1H2+L3H4"``)."""
+    return "+".join(names)
+
+
+@dataclass
+class Verdict:
+    """Everything the three stages computed for one model and task (see the module docstring)."""
+
+    model: str
+    task: str
+    splits: dict[str, Task]            # "search", "confirm", "heldout"
+    screen: Screen
+    stats: pd.DataFrame                # the screen's per-head statistics and candidate rule
+    confirm: pd.DataFrame              # the top_k heads re-tested on the confirm split
+    confirm_comparison: Comparison     # per-item results behind it
+    power: dict                        # confirmation_power(): min_detectable_gain, alpha, break_rate
+    confirmed: list[str]
+    heldout: pd.DataFrame              # heldout_test() of the confirmed heads alone and together ([] if none)
+    heldout_comparison: Comparison | None
+    ablation: Ablation | None = None    # the ablation used (with its head means in mean mode)
+    fdr: float = FDR
+
+    @property
+    def chosen(self) -> str | None:
+        """The set the pipeline reports, fixed before the held-out test: every confirmed head together."""
+        return together(self.confirmed) if self.confirmed else None
+
+    def row(self) -> dict:
+        """One row of the verdict table."""
+        mde = self.power["min_detectable_gain"]
+        base = {"model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
+                "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
+                "baseline": float(self.screen.baseline.accuracy[0]), "n_heads": len(self.stats),
+                "n_candidates": int(self.stats["candidate"].sum()), "confirmed": ", ".join(self.confirmed),
+                "mde": mde, "chosen": self.chosen, "heldout_baseline": np.nan, "heldout_delta": np.nan,
+                "ci_low": np.nan, "ci_high": np.nan, "p_holm": np.nan, "holds": False}
+        room = 1.0 - float(self.confirm["baseline_accuracy"].iloc[0]) if len(self.confirm) else 1.0
+        if not self.confirmed:
+            base["verdict"] = (
+                "not detected: these confirm items could not detect any gain with "
+                f"{self.power['power']:.0%} power" if not np.isfinite(mde) else
+                f"not detected: a single head with gain >= {mde:.3f} would have been confirmed with "
+                f"{self.power['power']:.0%} power" + (f" (but the confirm baseline leaves only {room:.3f} to gain)"
+                                                      if room < mde else ""))
+            return base
+        r = self.heldout.set_index("heads").loc[self.chosen]
+        base.update(heldout_baseline=float(r["baseline_accuracy"]), heldout_delta=float(r["delta_accuracy"]),
+                    ci_low=float(r["ci_low"]), ci_high=float(r["ci_high"]), p_holm=float(r["p_holm"]),
+                    holds=bool(r["holds"]))
+        base["verdict"] = (f"localized: removing {self.chosen} changes held-out accuracy by "
+                           f"{r['delta_accuracy']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], Holm p = "
+                           f"{r['p_holm']:.2g}" if r["holds"] else
+                           f"confirmed ({self.chosen}) but not replicated on held-out items "
+                           f"({r['delta_accuracy']:+.3f}, Holm p = {r['p_holm']:.2g})")
+        return base
+
+
+def single_head_verdict(lm, task: str | dict[str, Task], n_search: int = 32, n_confirm: int = 200,
+                        n_heldout: int = 200, top_k: int = CONFIRM_TOP_K, fdr: float = FDR, seed: int = 0,
+                        heads: str | Sequence[Head] = "all", mode: str | Ablation = "zero",
+                        n_boot: int = N_BOOT, power: float = POWER) -> Verdict:
+    """Run search -> confirm -> held-out for one task (a name or JSONL path, or its three splits as a dict).
+
+    Mean ablation takes its head means from the search split and uses them on every split.
+    """
+    if isinstance(task, dict):
+        splits = task
+    else:
+        splits = {"search": load_task(task, "search", n=n_search, seed=seed, clip=True),
+                  "confirm": load_task(task, "confirm", n=n_confirm, seed=seed, clip=True),
+                  "heldout": load_task(task, "heldout", n=n_heldout, seed=seed, clip=True)}
+    head_list = parse_heads(heads, lm.n_layers, lm.n_heads) if isinstance(heads, str) else list(heads)
+    ablation = Ablation.of(mode)
+    if ablation.mode == "mean":
+        ablation = ablation.resolved(lm, encode_task(lm, splits["search"]).inputs)
+    sc = screen(lm, splits["search"], heads=head_list, mode=ablation)
+    st = sc.stats(n_boot=n_boot, seed=seed, fdr=fdr)
+    conf, conf_cmp = confirm_test(lm, sc, splits["confirm"], top_k=top_k, fdr=fdr, mode=ablation, n_boot=n_boot,
+                                  seed=seed)
+    pw = confirmation_power(conf, len(splits["confirm"]), fdr, power)
+    confirmed = conf[conf.confirmed]["head"].tolist()
+    held, cmp = pd.DataFrame(), None
+    if confirmed:
+        sets = {h: parse_heads(h) for h in confirmed}
+        if len(confirmed) > 1:
+            sets[together(confirmed)] = parse_heads(",".join(confirmed))
+        held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=n_boot, seed=seed)
+    return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, confirm=conf,
+                   confirm_comparison=conf_cmp, power=pw, confirmed=confirmed, heldout=held, heldout_comparison=cmp,
+                   ablation=ablation, fdr=fdr)
+
+
+def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str, Task], n_items: int | None = None,
+              mode: str | Ablation = "zero", n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Named head sets, each chosen for its own task (``{name: (own_task, heads)}``), removed while the model
+    does every task in ``tasks`` (the first ``n_items`` items of each): a tidy table (``own_task``, ``set``,
+    ``task``, ``delta_accuracy`` and its CI). Empty when nothing was chosen.
+
+    Example:
+        >>> set_costs(lm, {"L13H0": ("addition", [(13, 0)])}, {"ioi": ioi_heldout}, n_items=100)  # doctest: +SKIP
+    """
+    cols = ["own_task", "set", "task", "baseline", "accuracy", "delta_accuracy", "ci_low", "ci_high", "delta_margin"]
+    if not chosen:
+        return pd.DataFrame(columns=cols)
+    evals = {name: _first(t, n_items) for name, t in tasks.items()}
+    tab = cross_task(lm, {k: list(h) for k, (_, h) in chosen.items()}, evals, mode=mode, n_boot=n_boot, seed=seed)
+    tab.insert(0, "own_task", tab["set"].map({k: own for k, (own, _) in chosen.items()}))
+    return tab[cols]
+
+
+def cost_on_other_tasks(lm, verdicts: Sequence[Verdict], n_items: int | None = None, mode: str | Ablation = "zero",
+                        n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """:func:`set_costs` of each verdict's chosen set on the held-out split of every task of ``verdicts``."""
+    chosen = {v.chosen: (v.task, parse_heads(",".join(v.confirmed))) for v in verdicts if v.confirmed}
+    return set_costs(lm, chosen, {v.task: v.splits["heldout"] for v in verdicts}, n_items, mode, n_boot, seed)
+
+
+def _first(task: Task, n: int | None) -> Task:
+    return task if n is None or n >= len(task) else replace(task, items=task.items[:n])
+
+
+def zero_vs_mean(lm, verdict: Verdict, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Each confirmed head's change in held-out accuracy under zero and under mean ablation (head means from the
+    search prompts), with CIs: both on items that took no part in ranking or confirming the head."""
+    cols = ["model", "task", "head", "zero_delta", "zero_ci_low", "zero_ci_high", "mean_delta", "mean_ci_low",
+            "mean_ci_high"]
+    if not verdict.confirmed:
+        return pd.DataFrame(columns=cols)
+    sets = {h: parse_heads(h) for h in verdict.confirmed}
+    search = encode_task(lm, verdict.splits["search"])
+    means = Ablation.of("mean").resolved(lm, search.inputs)
+    tabs = {mode: compare_sets(lm, verdict.splits["heldout"], sets, mode=abl, n_boot=n_boot, seed=seed)
+            .table.set_index("heads") for mode, abl in (("zero", "zero"), ("mean", means))}
+    rows = [{"model": verdict.model, "task": verdict.task, "head": h,
+             **{f"{mode}_{k}": float(tabs[mode].loc[h, c]) for mode in tabs
+                for k, c in (("delta", "delta_accuracy"), ("ci_low", "ci_low"), ("ci_high", "ci_high"))}}
+            for h in verdict.confirmed]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def verdict_table(verdicts: Sequence[Verdict], cost: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The verdict rows of several (model, task) pairs as one table; with ``cost`` (from
+    :func:`cost_on_other_tasks`) each chosen set's worst change on the model's *other* tasks is added."""
+    tab = pd.DataFrame([v.row() for v in verdicts])
+    tab["worst_cost_task"], tab["cost_delta"], tab["cost_ci_low"], tab["cost_ci_high"] = None, np.nan, np.nan, np.nan
+    if cost is None or cost.empty:
+        return tab
+    for i, r in tab.iterrows():
+        other = cost[(cost["set"] == r["chosen"]) & (cost["own_task"] == r["task"]) & (cost["task"] != r["task"])]
+        if "model" in cost:
+            other = other[other["model"] == r["model"]]
+        if len(other):
+            w = other.loc[other["delta_accuracy"].idxmin()]
+            tab.loc[i, ["worst_cost_task", "cost_delta", "cost_ci_low", "cost_ci_high"]] = [
+                w["task"], w["delta_accuracy"], w["ci_low"], w["ci_high"]]
+    return tab
+
+
+def verdict_markdown(table: pd.DataFrame) -> str:
+    """The verdict table as markdown sentences, one per pair (for a code cell to display: numbers from the run)."""
+    lines = []
+    for r in table.itertuples():
+        lines.append(f"- **{r.model} / {r.task}** (baseline {r.baseline:.3f} on {r.n_search} search items; "
+                     f"{r.n_confirm} confirm, {r.n_heldout} held-out): {r.verdict}"
+                     + (f"; on {r.worst_cost_task} it changes accuracy by {r.cost_delta:+.3f} "
+                        f"[{r.cost_ci_low:+.3f}, {r.cost_ci_high:+.3f}]." if isinstance(r.worst_cost_task, str)
+                        else "."))
+    return "\n".join(lines)
+
+
+def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: float = POWER) -> dict:
+    """One verdict row for a joint search (:class:`cel_utils.joint.JointSearch`): the chosen set (chosen on
+    the search and confirm splits), its held-out gain with CI and Holm-adjusted p, the selection-aware control's
+    percentile, the worst change on another task (from :func:`cost_on_other_tasks`-shaped ``cost``), and the
+    minimum detectable gain of the confirmation (BH over the sizes confirmed)."""
+    b = js.best
+    mde = min_detectable_gain(js.n_confirm, fdr / max(len(b), 1), float(np.median(b["confirm_breaks"])) / js.n_confirm,
+                              power)
+    c = js.chosen()
+    row = {"model": js.model, "task": js.task, "pool": format_heads(js.pool), "n_search": js.n_search,
+           "n_confirm": js.n_confirm, "n_heldout": js.n_heldout, "baseline": float(b["heldout_baseline"].iloc[0]),
+           "chosen": None, "confirm_delta": np.nan, "heldout_delta": np.nan, "ci_low": np.nan, "ci_high": np.nan,
+           "p_holm": np.nan, "holds": False, "pool_percentile": js.pool_percentile(), "mde": mde,
+           "worst_cost_task": None, "cost_delta": np.nan, "cost_ci_low": np.nan, "cost_ci_high": np.nan}
+    if c is None:
+        row["verdict"] = ("not detected: no best-by-search set was confirmed; one with a gain >= "
+                          f"{mde:.3f} would have been with {power:.0%} power" if np.isfinite(mde) else
+                          "not detected: the confirm items could not detect any gain")
+        return row
+    row.update(chosen=c["heads"], confirm_delta=float(c["confirm_delta_accuracy"]),
+               heldout_delta=float(c["heldout_delta_accuracy"]), ci_low=float(c["ci_low"]), ci_high=float(c["ci_high"]),
+               p_holm=float(c["p_holm"]), holds=bool(c["holds"]))
+    if cost is not None and len(cost):
+        other = cost[(cost["set"] == c["heads"]) & (cost["own_task"] == js.task) & (cost["task"] != js.task)]
+        if len(other):
+            w = other.loc[other["delta_accuracy"].idxmin()]
+            row.update(worst_cost_task=w["task"], cost_delta=float(w["delta_accuracy"]), cost_ci_low=float(w["ci_low"]),
+                       cost_ci_high=float(w["ci_high"]))
+    row["verdict"] = (f"localized: removing {c['heads']} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
+                      f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm p = {c['p_holm']:.2g}; the same pipeline on "
+                      f"random pools does better {100 - row['pool_percentile']:.0f}% of the time" if c["holds"] else
+                      f"chosen ({c['heads']}) but not replicated on held-out items "
+                      f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['p_holm']:.2g})")
+    return row
