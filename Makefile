@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CHAPTERS := $(wildcard notebooks/[0-9]*.ipynb)
 EXECUTED := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(CHAPTERS))
 
-.PHONY: book test venv notebooks html clean bench
+.PHONY: book test test-fast venv notebooks html clean bench
 
 venv: $(STAMP)
 
@@ -31,6 +31,10 @@ book: venv
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# no real model, no notebook: tiny random models only
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not real and not notebook"
 
 bench: venv
 	$(BIN)/python benchmarks/bench_screen.py

@@ -161,6 +161,8 @@ def cmd_screen(args):
             raise CELError("--confirm and --top must be at least 1 and --fdr between 0 and 1")
         if args.method != "exact":
             raise CELError("--confirm re-tests heads of an exact screen: use --method exact")
+        if args.shard:
+            raise CELError("--confirm needs the whole screen (its top heads): screen the shards, merge, then confirm")
         if args.split not in (None, "search"):
             raise CELError("--confirm screens on the search split: leave out --split")
         args.split = "search"
@@ -184,6 +186,7 @@ def cmd_screen(args):
     out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
     tab = sc.stats(seed=args.seed, fdr=args.fdr)
     out["candidate_rule"] = defaults.candidate_rule(args.fdr)
+    out["fdr"] = args.fdr
     out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
                      "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
                      "delta_margin": float(r.delta_margin), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
@@ -305,10 +308,12 @@ def cmd_merge(args):
             raise CELError(f"shard file {f} does not exist") from None
         except json.JSONDecodeError as e:
             raise CELError(f"shard file {f} is not valid JSON ({e.msg})") from None
-    keys = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline")
+    keys = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline", "fdr")
     for f, p in zip(args.files, parts):
-        if "shard" not in p or "heads" not in p:
+        if not isinstance(p, dict) or "shard" not in p or "heads" not in p:
             raise CELError(f"{f} is not a shard of a screen (no 'shard' field)")
+        if not p["heads"]:
+            raise CELError(f"{f} is an empty shard (no heads)")
         for k in keys:
             if p.get(k) != parts[0].get(k):
                 raise CELError(f"{f} does not belong to the same screen as {args.files[0]}: '{k}' differs")
@@ -318,6 +323,15 @@ def cmd_merge(args):
         raise CELError(f"need every shard exactly once, got shards {[p['shard'] for p in parts]}")
     heads = sorted((h for p in parts for h in p["heads"]), key=lambda h: (h["layer"], h["head"]))
     out = {k: v for k, v in parts[0].items() if k not in ("shard", "heads", "timing")}
+    if "p_value" in heads[0]:
+        # BH depends on every head: a shard's q-values and candidate flags are recomputed over the whole screen
+        from .stats import benjamini_hochberg
+
+        fdr = out.get("fdr", defaults.FDR)
+        q = benjamini_hochberg([h["p_value"] for h in heads])
+        for h, qq in zip(heads, q):
+            h["q_value"] = float(qq)
+            h["candidate"] = bool(h["delta_accuracy"] > 0 and qq < fdr and h["margin_ci_low"] > 0)
     out["heads"] = heads
     out["timing"] = {"seconds": round(sum(p.get("timing", {}).get("seconds", 0) for p in parts), 3),
                      "shards": len(parts)}

@@ -409,26 +409,45 @@ def _take(task: Task, n: int | None) -> Task:
     return task
 
 
+MAX_LINE_CHARS = 100_000  # a longer JSONL line is refused (a prompt this long is almost surely a mistake)
+
+
 def load_jsonl(path: str) -> Task:
-    """Read a task file: one JSON object per line, multiple choice or exact match (not mixed)."""
+    """Read a task file: one JSON object per line, multiple choice or exact match (not mixed).
+
+    The file must be UTF-8 (a leading byte-order mark is accepted, as spreadsheet programs write one); every
+    problem is a :class:`~cel_utils.errors.CELError` naming the file and line: invalid JSON, a line over
+    ``MAX_LINE_CHARS`` characters, a malformed item (see :func:`validate_item`), an item repeated from an earlier
+    line (same prompt and choices or target).
+    """
     p = Path(path)
     if not p.exists():
         raise CELError(f"task file {path} does not exist")
-    items, kind = [], None
-    with open(p, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CELError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
-            item_kind = validate_item(obj, f"{path}:{lineno}")
-            obj["_line"] = lineno  # for messages that name the line (e.g. a token-boundary error)
-            if kind is not None and item_kind != kind:
-                raise CELError(f"{path}:{lineno}: mixes exact-match and multiple-choice items")
-            kind = item_kind
-            items.append(obj)
+    items, kind, seen = [], None, {}
+    try:
+        text = p.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = p.read_bytes()[:e.start].count(b"\n") + 1
+        raise CELError(f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}); save the file as UTF-8") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_CHARS:
+            raise CELError(f"{path}:{lineno}: line of {len(line)} characters, over the limit of {MAX_LINE_CHARS}")
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CELError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+        item_kind = validate_item(obj, f"{path}:{lineno}")
+        key = json.dumps([obj["prompt"], obj.get("choices"), obj.get("target")])
+        if key in seen:
+            raise CELError(f"{path}:{lineno}: the same item as line {seen[key]} (duplicates would count twice)")
+        seen[key] = lineno
+        obj["_line"] = lineno  # for messages that name the line (e.g. a token-boundary error)
+        if kind is not None and item_kind != kind:
+            raise CELError(f"{path}:{lineno}: mixes exact-match and multiple-choice items")
+        kind = item_kind
+        items.append(obj)
     if not items:
         raise CELError(f"task file {path} has no items")
     return Task(name=p.stem, kind=kind, items=items, split=None, seed=None, description=f"items from {p.name}",
@@ -440,6 +459,8 @@ def validate_item(obj, where: str) -> str:
         raise CELError(f"{where}: each line must be a JSON object")
     if not isinstance(obj.get("prompt"), str):
         raise CELError(f"{where}: missing key 'prompt' (a string)")
+    if not obj["prompt"].strip():
+        raise CELError(f"{where}: 'prompt' is empty")
     if "split" in obj and obj["split"] not in SPLITS:
         raise CELError(f"{where}: 'split' must be one of {', '.join(SPLITS)}, got {obj['split']!r}")
     if "choices" in obj or "answer" in obj:
@@ -450,6 +471,10 @@ def validate_item(obj, where: str) -> str:
             raise CELError(f"{where}: 'choices' must all be strings")
         if len(ch) < 2:
             raise CELError(f"{where}: needs at least 2 choices, got {len(ch)}")
+        if any(not c.strip() for c in ch):
+            raise CELError(f"{where}: a choice is empty (it would add no tokens)")
+        if len(set(ch)) < len(ch):
+            raise CELError(f"{where}: two choices are identical (the item could never be answered correctly)")
         ans = obj.get("answer")
         if not isinstance(ans, int) or isinstance(ans, bool):
             raise CELError(f"{where}: missing key 'answer' (an integer index into choices)")
@@ -457,7 +482,7 @@ def validate_item(obj, where: str) -> str:
             raise CELError(f"{where}: answer index {ans} out of range for {len(ch)} choices")
         return "mc"
     if "target" in obj:
-        if not isinstance(obj["target"], str) or not obj["target"]:
+        if not isinstance(obj["target"], str) or not obj["target"].strip():
             raise CELError(f"{where}: 'target' must be a non-empty string")
         return "em"
     raise CELError(f"{where}: needs either 'choices' and 'answer' (multiple choice) or 'target' (exact match)")

@@ -8,7 +8,9 @@
 3. **heldout**: the confirmed heads, alone and all together, tested once more on items that took no part in
    any choice (:func:`cel_utils.compare.heldout_test`: exact McNemar, Holm over the sets tested).
 
-The result carries every table and a one-row :meth:`Verdict.row` (baseline, confirmed heads, the chosen set,
+The *chosen* head, fixed before the held-out test, is the confirmed head with the largest confirm gain; all
+confirmed heads together are tested beside it (single-head gains need not add up: chapter 2).
+The result carries every table and a one-row :meth:`Verdict.row` (baseline, confirmed heads, the chosen head,
 its held-out gain with CI and Holm-adjusted p, the minimum detectable gain, and a sentence). When nothing is
 confirmed the sentence says how large a single-head gain would have been found with 80% power.
 
@@ -60,19 +62,25 @@ class Verdict:
 
     @property
     def chosen(self) -> str | None:
-        """The set the pipeline reports, fixed before the held-out test: every confirmed head together."""
-        return together(self.confirmed) if self.confirmed else None
+        """The head the pipeline reports, chosen before the held-out test: of the confirmed heads, the one with
+        the largest gain on the confirm split (ties: the better-ranked on the search split). None if none."""
+        if not self.confirmed:
+            return None
+        c = self.confirm[self.confirm.confirmed]
+        return str(c.loc[c["delta_accuracy"].idxmax(), "head"])
 
     def row(self) -> dict:
         """One row of the verdict table."""
         mde = self.power["min_detectable_gain"]
         base = {"model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
                 "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
-                "baseline": float(self.screen.baseline.accuracy[0]), "n_heads": len(self.stats),
+                "baseline": float(self.confirm_comparison.baseline.accuracy[0]),
+                "search_baseline": float(self.screen.baseline.accuracy[0]), "n_heads": len(self.stats),
                 "n_candidates": int(self.stats["candidate"].sum()), "confirmed": ", ".join(self.confirmed),
                 "mde": mde, "chosen": self.chosen, "heldout_baseline": np.nan, "heldout_delta": np.nan,
-                "ci_low": np.nan, "ci_high": np.nan, "p_holm": np.nan, "holds": False}
-        room = 1.0 - float(self.confirm["baseline_accuracy"].iloc[0]) if len(self.confirm) else 1.0
+                "ci_low": np.nan, "ci_high": np.nan, "p_holm": np.nan, "holds": False, "together_delta": np.nan,
+                "together_ci_low": np.nan, "together_ci_high": np.nan, "together_holds": False}
+        room = 1.0 - base["baseline"]
         if not self.confirmed:
             base["verdict"] = (
                 "not detected: these confirm items could not detect any gain with "
@@ -81,7 +89,8 @@ class Verdict:
                 f"{self.power['power']:.0%} power" + (f" (but the confirm baseline leaves only {room:.3f} to gain)"
                                                       if room < mde else ""))
             return base
-        r = self.heldout.set_index("heads").loc[self.chosen]
+        tab = self.heldout.set_index("heads")
+        r = tab.loc[self.chosen]
         base.update(heldout_baseline=float(r["baseline_accuracy"]), heldout_delta=float(r["delta_accuracy"]),
                     ci_low=float(r["ci_low"]), ci_high=float(r["ci_high"]), p_holm=float(r["p_holm"]),
                     holds=bool(r["holds"]))
@@ -90,6 +99,14 @@ class Verdict:
                            f"{r['p_holm']:.2g}" if r["holds"] else
                            f"confirmed ({self.chosen}) but not replicated on held-out items "
                            f"({r['delta_accuracy']:+.3f}, Holm p = {r['p_holm']:.2g})")
+        if len(self.confirmed) > 1:
+            t = tab.loc[together(self.confirmed)]
+            n_hold = int(tab.loc[self.confirmed, "holds"].sum())
+            base.update(together_delta=float(t["delta_accuracy"]), together_ci_low=float(t["ci_low"]),
+                        together_ci_high=float(t["ci_high"]), together_holds=bool(t["holds"]))
+            base["verdict"] += (f"; {n_hold} of the {len(self.confirmed)} confirmed heads hold alone, and all "
+                                f"{len(self.confirmed)} removed together change it by {t['delta_accuracy']:+.3f} "
+                                f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
         return base
 
 
@@ -149,7 +166,7 @@ def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str
 def cost_on_other_tasks(lm, verdicts: Sequence[Verdict], n_items: int | None = None, mode: str | Ablation = "zero",
                         n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
     """:func:`set_costs` of each verdict's chosen set on the held-out split of every task of ``verdicts``."""
-    chosen = {v.chosen: (v.task, parse_heads(",".join(v.confirmed))) for v in verdicts if v.confirmed}
+    chosen = {v.chosen: (v.task, parse_heads(v.chosen)) for v in verdicts if v.confirmed}
     return set_costs(lm, chosen, {v.task: v.splits["heldout"] for v in verdicts}, n_items, mode, n_boot, seed)
 
 
@@ -198,8 +215,8 @@ def verdict_markdown(table: pd.DataFrame) -> str:
     """The verdict table as markdown sentences, one per pair (for a code cell to display: numbers from the run)."""
     lines = []
     for r in table.itertuples():
-        lines.append(f"- **{r.model} / {r.task}** (baseline {r.baseline:.3f} on {r.n_search} search items; "
-                     f"{r.n_confirm} confirm, {r.n_heldout} held-out): {r.verdict}"
+        lines.append(f"- **{r.model} / {r.task}** (accuracy {r.baseline:.3f} on {r.n_confirm} confirm items; "
+                     f"{r.n_search} search, {r.n_heldout} held-out): {r.verdict}"
                      + (f"; on {r.worst_cost_task} it changes accuracy by {r.cost_delta:+.3f} "
                         f"[{r.cost_ci_low:+.3f}, {r.cost_ci_high:+.3f}]." if isinstance(r.worst_cost_task, str)
                         else "."))

@@ -67,3 +67,45 @@ def test_bad_shard_spec(capsys):
     with pytest.raises(SystemExit) as e:
         main(["screen", "--model", "x", "--task", "addition", "--shard", "3/2"])
     assert e.value.code == 2
+
+
+def _shard(path, k, heads, **extra):
+    base = {"model": "m", "task": "t", "split": "search", "n_items": 40, "seed": 0, "mode": "zero", "method": "exact",
+            "provenance": {"x": 1}, "baseline": {"accuracy": 0.5}, "fdr": 0.1, "shard": f"{k}/2", **extra}
+    rows = [{"layer": l, "head": h, "p_value": p, "q_value": p, "candidate": True, "delta_accuracy": 0.1,
+             "margin_ci_low": 0.01} for l, h, p in heads]
+    path.write_text(json.dumps({**base, "heads": rows}))
+    return str(path)
+
+
+def test_merge_recomputes_bh_over_all_heads(tmp_path):
+    """A shard's q-values count only its own heads; the merged screen's must count all of them (hand BH)."""
+    p = {(0, 0): 0.001, (0, 1): 0.02, (1, 0): 0.03, (1, 1): 0.5}
+    a = _shard(tmp_path / "a.json", 1, [(0, 0, p[0, 0]), (0, 1, p[0, 1])])
+    b = _shard(tmp_path / "b.json", 2, [(1, 0, p[1, 0]), (1, 1, p[1, 1])])
+    out = tmp_path / "m.json"
+    assert main(["merge", a, b, "--out", str(out)]) == 0
+    got = {(h["layer"], h["head"]): h for h in json.loads(out.read_text())["heads"]}
+    # by hand: sorted p = .001, .02, .03, .5 (m = 4): p * m / rank = .004, .04, .04, .5; running min from the top
+    want = {(0, 0): 0.004, (0, 1): 0.04, (1, 0): 0.04, (1, 1): 0.5}
+    for k, q in want.items():
+        assert got[k]["q_value"] == pytest.approx(q)
+        assert got[k]["candidate"] == (q < 0.1)
+
+
+def test_merge_rejects_bad_shards(tmp_path, capsys):
+    a = _shard(tmp_path / "a.json", 1, [(0, 0, 0.5)])
+    b = _shard(tmp_path / "b.json", 2, [(1, 0, 0.5)])
+    empty = _shard(tmp_path / "e.json", 2, [])
+    other = _shard(tmp_path / "o.json", 2, [(1, 0, 0.5)], task="other")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[1, 2]")
+    out = tmp_path / "m.json"
+    for files, msg in [([a, str(tmp_path / "missing.json")], "does not exist"),
+                       ([a, str(tmp_path / "bad.json")], "not valid JSON"),
+                       ([a, str(tmp_path / "list.json")], "not a shard"),
+                       ([a, empty], "empty shard"), ([a, a], "every shard exactly once"),
+                       ([a, other], "'task' differs")]:
+        assert main(["merge", *files, "--out", str(out)]) == 2 and not out.exists(), msg
+        assert msg in capsys.readouterr().err
+    assert main(["merge", a, b, "--out", str(out)]) == 0

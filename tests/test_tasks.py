@@ -100,12 +100,28 @@ def test_jsonl_ok(tmp_path):
     (json.dumps({"prompt": "p"}), ":2: needs either"),
     (json.dumps({"prompt": "p", "target": "x"}), ":2: mixes"),
     (json.dumps([1, 2]), ":2: each line must be a JSON object"),
+    (json.dumps({"prompt": " ", "choices": [" a", " b"], "answer": 0}), ":2: 'prompt' is empty"),
+    (json.dumps({"prompt": "p", "choices": [" a", " a"], "answer": 0}), ":2: two choices are identical"),
+    (json.dumps({"prompt": "p", "choices": [" a", ""], "answer": 0}), ":2: a choice is empty"),
+    (json.dumps({"prompt": "a", "choices": [" b", " c"], "answer": 1}), ":2: the same item as line 1"),
+    (json.dumps({"prompt": "p" * 100_001, "choices": [" a", " b"], "answer": 0}), ":2: line of 100.* over the limit"),
 ])
 def test_jsonl_errors(tmp_path, line, msg):
     good = json.dumps({"prompt": "a", "choices": [" b", " c"], "answer": 1})
     p = _write(tmp_path, [good, line])
     with pytest.raises(CELError, match=msg):
         load_jsonl(p)
+
+
+def test_jsonl_encoding(tmp_path):
+    good = json.dumps({"prompt": "café", "choices": [" b", " c"], "answer": 1}).encode()
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + good + b"\n")        # what spreadsheet programs write: accepted
+    assert load_jsonl(str(bom)).items[0]["prompt"] == "café"
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes(good + b"\n" + '{"prompt": "caf\u00e9", "target": "x"}'.encode("latin-1").replace(b"\\u00e9", b"\xe9") + b"\n")
+    with pytest.raises(CELError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9\)"):
+        load_jsonl(str(latin))
 
 
 def test_jsonl_empty(tmp_path):

@@ -71,8 +71,11 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
         p.append(_p((~bh & a).sum(), (bh & ~a).sum()))
     np.testing.assert_allclose(v.heldout["p_holm"], _holm(p), rtol=1e-9)
     row = v.row()
-    assert row["chosen"] == together(confirmed)
-    assert row["p_holm"] == pytest.approx(_holm(p)[-1])
+    gains = {head_name(h): (f - k) / len(splits["confirm"]) for h, (f, k) in zip(top, fb)}
+    best = max(confirmed, key=lambda h: gains[h])  # the confirmed head with the largest confirm gain
+    assert row["chosen"] == best
+    assert row["p_holm"] == pytest.approx(_holm(p)[confirmed.index(best)])
+    assert row["together_delta"] == pytest.approx(v.heldout.set_index("heads").loc[together(confirmed), "delta_accuracy"])
 
 
 def test_verdict_table_and_text(tiny_llama, splits):
@@ -80,4 +83,5 @@ def test_verdict_table_and_text(tiny_llama, splits):
     tab = verdict_table([v])
     assert tab["confirmed"].tolist() == [""] and not tab["holds"].any()
     assert "would have been confirmed" in tab["verdict"].iloc[0]
-    assert f"{tab['baseline'].iloc[0]:.3f}" in verdict_markdown(tab)
+    assert f"accuracy {tab['baseline'].iloc[0]:.3f} on 60 confirm items" in verdict_markdown(tab)
+    assert tab["baseline"].iloc[0] == v.confirm["baseline_accuracy"].iloc[0]
