@@ -202,6 +202,8 @@ def cmd_screen(args):
     if args.confirm is not None:
         out["confirm"] = _confirm(lm, sc, args, ablation)
     out["timing"] = {"seconds": round(sc.seconds, 3)}
+    if sc.meta.get("resumed_chunks"):
+        out["timing"]["resumed_chunks"] = sc.meta["resumed_chunks"]
     emit(out, args.out)
 
 

@@ -10,6 +10,7 @@ Example:
 # backward pass, so it takes half as many tokens per batch.
 MAX_TOKENS = 8192
 GRADIENT_MAX_TOKENS = 4096
+SCREEN_CHUNK_LAYERS = 6  # a screen is computed and cached this many layers at a time (a killed screen resumes)
 
 # Statistics over items
 N_BOOT = 2000        # bootstrap resamples

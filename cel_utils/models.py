@@ -13,7 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,21 @@ class LoadedModel:
     n_heads: int  # query heads
     n_kv_heads: int
     head_dim: int
-    weights_hash: str  # sha256 of the weights file(s), first 16 hex digits
+    load_hash: str  # sha256 of the weights file(s) (or of the parameters), first 16 hex digits, at load time
     source: str = ""
+    _versions: tuple | None = field(default=None, repr=False)  # parameters' in-place version counters at hashing
+
+    @property
+    def weights_hash(self) -> str:
+        """The weights' hash: the one computed at load time while no parameter has been modified in place since;
+        after an in-place edit (``torch`` bumps a tensor's version counter), a content hash of the current
+        parameters, so that results cached for the old weights are never reused for the new ones."""
+        versions = tuple(p._version for p in self.model.parameters())
+        if self._versions is None:
+            self._versions = versions
+        elif versions != self._versions:
+            self.load_hash, self._versions = state_hash(self.model), versions
+        return self.load_hash
 
     @property
     def device(self) -> torch.device:
@@ -159,7 +172,8 @@ def wrap_model(model: Any, tokenizer: Any, name: str = "custom", weights_hash: s
     model.eval()
     lm = LoadedModel(name=name, model=model, tokenizer=tokenizer, family=family, n_layers=int(n_layers),
                      n_heads=int(n_heads), n_kv_heads=int(n_kv), head_dim=int(head_dim),
-                     weights_hash=weights_hash or state_hash(model), source=source)
+                     load_hash=weights_hash or state_hash(model), source=source)
+    lm.weights_hash  # noqa: B018 (records the parameters' version counters as loaded)
     in_features = _in_features(lm.out_proj(0))
     if in_features != lm.n_heads * lm.head_dim:
         raise CELError(f"output projection takes {in_features} features, expected heads x head_dim = "
@@ -234,10 +248,16 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     return lm
 
 
-def _converted_dir(name: str, digest: str, torch_dtype: torch.dtype) -> Path:
+def models_dir() -> Path:
+    """Where de-quantized copies of the built-in models are kept: ``CEL_MODELS_DIR``, else ``models/`` in the
+    result cache folder."""
     from .cache import cache_dir
 
-    return cache_dir() / "models" / f"{name}-{digest}-{str(torch_dtype).removeprefix('torch.')}"
+    return Path(os.environ["CEL_MODELS_DIR"]) if os.environ.get("CEL_MODELS_DIR") else cache_dir() / "models"
+
+
+def _converted_dir(name: str, digest: str, torch_dtype: torch.dtype) -> Path:
+    return models_dir() / f"{name}-{digest}-{str(torch_dtype).removeprefix('torch.')}"
 
 
 def _load_converted(name: str, digest: str, torch_dtype: torch.dtype):

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
 from .compare import compare_sets, paired_table
-from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER
+from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
 from .stats import confirm_decisions, min_detectable_gain
@@ -96,18 +96,37 @@ class Screen:
 def screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation = "zero", means=None,
            max_tokens: int = MAX_TOKENS, progress: bool = True, enc: EncodedTask | None = None,
            use_cache: bool | None = None) -> Screen:
-    """Ablate each head alone (all heads by default) with the exact engine (results cached on disk)."""
+    """Ablate each head alone (all heads by default) with the exact engine.
+
+    The heads are evaluated in chunks of ``SCREEN_CHUNK_LAYERS`` layers, each cached on disk as it finishes: a
+    screen that is interrupted (killed, out of time) resumes from its finished chunks when run again, with the
+    same numbers. ``meta["resumed_chunks"]`` counts the chunks read back from the cache.
+    """
     heads = list(heads) if heads is not None else all_heads(lm)
     enc = enc if enc is not None else encode_task(lm, task)
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
-    t0 = time.perf_counter()
-    res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in heads], mode=ablation, max_tokens=max_tokens,
-                             progress=progress, desc=f"screening {len(heads)} heads", use_cache=use_cache)
-    secs = time.perf_counter() - t0
-    if res.cached and res.seconds is not None:
-        secs = res.seconds  # the compute time when the result was made, not the time to read it back
-    return Screen(heads=heads, baseline=res.rows(slice(0, 1)), results=res.rows(slice(1, None)),
-                  mode=ablation.mode, seconds=secs, n_layers=lm.n_layers, meta={"from_cache": bool(res.cached)})
+    chunks: dict[int, list] = {}
+    for h in heads:
+        chunks.setdefault(h[0] // SCREEN_CHUNK_LAYERS, []).append(h)
+    parts, secs, resumed = [], 0.0, 0
+    for group in chunks.values():
+        t0 = time.perf_counter()
+        res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in group], mode=ablation, max_tokens=max_tokens,
+                                 progress=progress, use_cache=use_cache,
+                                 desc=f"screening {len(heads)} heads (layers {group[0][0]}-{group[-1][0]})")
+        if res.cached and res.seconds is not None:
+            secs += res.seconds  # the compute time when the chunk was made, not the time to read it back
+            resumed += 1
+        else:
+            secs += time.perf_counter() - t0
+        parts.append(res)
+    order = [h for group in chunks.values() for h in group]
+    idx = [order.index(h) for h in heads]  # results back in the order the heads were given
+    results = ItemResults(np.concatenate([p.correct[1:] for p in parts])[idx],
+                          np.concatenate([p.margin[1:] for p in parts])[idx])
+    return Screen(heads=heads, baseline=parts[0].rows(slice(0, 1)), results=results, mode=ablation.mode,
+                  seconds=secs, n_layers=lm.n_layers,
+                  meta={"from_cache": resumed == len(parts), "resumed_chunks": resumed})
 
 
 def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation = "zero", means=None,

@@ -6,10 +6,15 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# a fresh result cache for every test session (inherited by the papermill kernels)
+# a fresh result cache for every test session (inherited by the papermill kernels and subprocesses), removed
+# at the end; the de-quantized built-in models are kept across sessions (converting both takes about a minute)
+import atexit  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 os.environ["CEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cel_cache_")
+atexit.register(shutil.rmtree, os.environ["CEL_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("CEL_MODELS_DIR", str(Path.home() / ".cache" / "cel_utils" / "models"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 from tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402

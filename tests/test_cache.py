@@ -52,3 +52,54 @@ def test_cached_screen_keeps_its_compute_time(tiny_llama, tmp_path, monkeypatch)
     # cost accounting uses the model's depth, not the deepest screened head
     assert a.n_layers == tiny_llama.n_layers > 1
     assert a.forward_equivalents == 1 + 2 * 1.0
+
+
+def test_weights_edited_in_place_invalidate_cached_results(tmp_path, monkeypatch):
+    """Editing a model's weights in place (as a test fixture or a user might) changes its hash, so a result
+    cached for the old weights is not returned for the new ones."""
+    import torch
+
+    from cel_utils.engine import evaluate_head_sets
+    from cel_utils.scoring import encode_task
+    from cel_utils.tasks import load_task
+    from tiny import tiny_model
+
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CEL_NO_CACHE", raising=False)
+    lm = tiny_model("llama", seed=5)
+    enc = encode_task(lm, load_task("ioi", n=8))
+    h0 = lm.weights_hash
+    first = evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True)
+    assert evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True).cached   # same weights: a hit
+    with torch.no_grad():
+        lm.out_proj(1).weight.mul_(0.0)                                              # edit in place
+    assert lm.weights_hash != h0
+    after = evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True)
+    assert not after.cached
+    assert not np.allclose(after.margin, first.margin)
+
+
+def test_screen_resumes_from_finished_chunks(tmp_path, monkeypatch):
+    """A screen is cached chunk by chunk: with one chunk's entry gone (never finished), a second run reads the
+    others back, computes only that one, and gives the same numbers as heads evaluated one by one."""
+    from cel_utils.screening import screen
+    from tiny import tiny_model
+
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CEL_NO_CACHE", raising=False)
+    monkeypatch.setattr("cel_utils.screening.SCREEN_CHUNK_LAYERS", 1)   # 3 layers: 3 chunks
+    lm = tiny_model("llama", seed=7)
+    task = load_task("ioi", n=10)
+    heads = [(2, 1), (0, 3), (1, 0), (0, 0)]                            # any order: results follow it
+    first = screen(lm, task, heads=heads, progress=False)
+    assert first.meta["resumed_chunks"] == 0
+    entries = sorted(tmp_path.rglob("*.npz"), key=lambda p: p.stat().st_mtime)
+    assert len(entries) == 3
+    entries[1].unlink()                                                   # as if killed during the 2nd chunk
+    again = screen(lm, task, heads=heads, progress=False)
+    assert again.meta["resumed_chunks"] == 2
+    assert np.array_equal(again.results.margin, first.results.margin)
+    enc = encode_task(lm, task)
+    one = evaluate_head_sets(lm, enc, [[h] for h in heads], progress=False, use_cache=False)
+    assert np.allclose(first.results.margin, one.margin, atol=1e-5)
+    assert np.array_equal(first.results.correct, one.correct)

@@ -240,3 +240,23 @@ def test_no_cache_does_not_leak_into_the_process(tiny_dir, tmp_path, capsys, mon
     import os
 
     assert "CEL_NO_CACHE" not in os.environ
+
+
+@pytest.mark.parametrize("dtype,tol", [("bfloat16", 0.1), ("float16", 0.02)])
+def test_half_precision_numbers_match_fp32(tiny_dir, dtype, tol):
+    """--dtype changes the numbers only within rounding: per-item margins within ``tol`` of fp32 (bf16 keeps 8
+    mantissa bits, fp16 11), and the same verdict on every item whose fp32 margin is clear of the threshold."""
+    import numpy as np
+
+    from cel_utils.models import load_model
+    from cel_utils.scoring import encode_task, plain_evaluate
+    from cel_utils.tasks import load_task
+
+    task = load_task("ioi", n=40)
+    ref, low = (load_model(tiny_dir, dtype=d, cache=False) for d in ("float32", dtype))
+    assert str(next(low.model.parameters()).dtype) == f"torch.{dtype}"
+    a = plain_evaluate(ref, encode_task(ref, task), [(1, 2)])
+    b = plain_evaluate(low, encode_task(low, task), [(1, 2)])
+    assert np.abs(a.margin - b.margin).max() < tol
+    clear = np.abs(a.margin) > tol
+    assert (a.correct[clear] == b.correct[clear]).all()

@@ -81,6 +81,7 @@ def test_gemma_geometry_exactness_and_engine():
 def test_converted_copy_gives_identical_logits(name, tmp_path, monkeypatch):
     """The safetensors copy written on the first load reproduces the GGUF-loaded model exactly."""
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CEL_MODELS_DIR", raising=False)  # the copy goes to the cache folder's models/
     first = load_model(name, cache=False)  # from the GGUF file; writes the copy
     copies = list((tmp_path / "models").glob(f"{name}-*"))
     assert len(copies) == 1 and (copies[0] / "COMPLETE").exists()
