@@ -21,13 +21,23 @@ def _strip_timing(path):
 
 
 def test_same_command_same_bytes(model_dir, tmp_path):
+    """Two separate processes, no cache: the same command writes the same bytes (apart from the timing field)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "CEL_CACHE_DIR"}
     outs = []
     for i in range(2):
         out = tmp_path / f"run{i}.json"
-        assert main(["screen", "--model", model_dir, "--task", "addition", "--n", "5", "--quiet", "--out", str(out)]) == 0
+        subprocess.run([sys.executable, "-m", "cel_utils.cli", "screen", "--model", model_dir, "--task", "addition",
+                        "--n", "5", "--quiet", "--no-cache", "--out", str(out)], check=True, env=env,
+                       cwd=str(tmp_path))
         outs.append(out)
     a, b = (_strip_timing(o) for o in outs)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    raw = [o.read_text().split('"timing"')[0] for o in outs]
+    assert raw[0] == raw[1]                                           # byte for byte up to the timing field
     prov = a["provenance"]
     assert prov["cel_utils"] and prov["weights_hash"] and prov["task_items_hash"]
     assert a["method"] == "exact" and a["mode"] == "zero" and a["seed"] == 0
