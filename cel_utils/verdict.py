@@ -201,14 +201,23 @@ def verdict_table(verdicts: Sequence[Verdict], cost: pd.DataFrame | None = None)
     if cost is None or cost.empty:
         return tab
     for i, r in tab.iterrows():
-        other = cost[(cost["set"] == r["chosen"]) & (cost["own_task"] == r["task"]) & (cost["task"] != r["task"])]
-        if "model" in cost:
-            other = other[other["model"] == r["model"]]
-        if len(other):
-            w = other.loc[other["delta_accuracy"].idxmin()]
-            tab.loc[i, ["worst_cost_task", "cost_delta", "cost_ci_low", "cost_ci_high"]] = [
-                w["task"], w["delta_accuracy"], w["ci_low"], w["ci_high"]]
+        w = worst_cost(cost[cost["model"] == r["model"]] if "model" in cost else cost, r["chosen"], r["task"])
+        for k, v in w.items():
+            tab.loc[i, k] = v
     return tab
+
+
+def worst_cost(cost: pd.DataFrame, chosen: str | None, own_task: str) -> dict:
+    """The chosen set's most negative change on a task other than its own (from :func:`set_costs`), as the verdict
+    columns ``worst_cost_task``, ``cost_delta``, ``cost_ci_low``, ``cost_ci_high``; empty when there is none."""
+    if cost is None or cost.empty or chosen is None:
+        return {}
+    other = cost[(cost["set"] == chosen) & (cost["own_task"] == own_task) & (cost["task"] != own_task)]
+    if other.empty:
+        return {}
+    w = other.loc[other["delta_accuracy"].idxmin()]
+    return {"worst_cost_task": w["task"], "cost_delta": float(w["delta_accuracy"]), "cost_ci_low": float(w["ci_low"]),
+            "cost_ci_high": float(w["ci_high"])}
 
 
 def verdict_markdown(table: pd.DataFrame) -> str:
@@ -245,12 +254,7 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
     row.update(chosen=c["heads"], confirm_delta=float(c["confirm_delta_accuracy"]),
                heldout_delta=float(c["heldout_delta_accuracy"]), ci_low=float(c["ci_low"]), ci_high=float(c["ci_high"]),
                p_holm=float(c["p_holm"]), holds=bool(c["holds"]))
-    if cost is not None and len(cost):
-        other = cost[(cost["set"] == c["heads"]) & (cost["own_task"] == js.task) & (cost["task"] != js.task)]
-        if len(other):
-            w = other.loc[other["delta_accuracy"].idxmin()]
-            row.update(worst_cost_task=w["task"], cost_delta=float(w["delta_accuracy"]), cost_ci_low=float(w["ci_low"]),
-                       cost_ci_high=float(w["ci_high"]))
+    row.update(worst_cost(cost, c["heads"], js.task))
     row["verdict"] = (f"localized: removing {c['heads']} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
                       f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm p = {c['p_holm']:.2g}; the same pipeline on "
                       f"random pools does better {100 - row['pool_percentile']:.0f}% of the time" if c["holds"] else
