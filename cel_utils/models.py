@@ -293,6 +293,8 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
     if not cache.enabled():
         return
     d = _converted_dir(name, digest, torch_dtype)
+    if (d / "COMPLETE").exists():  # another process finished first: keep its copy (it may be reading it)
+        return
     tmp = None
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
@@ -309,9 +311,12 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tok.save_pretrained(str(tmp))
         (tmp / "COMPLETE").write_text(digest)
-        if d.exists():
+        if d.exists() and not (d / "COMPLETE").exists():  # a damaged copy nobody can be using
             shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)
+        try:
+            os.replace(tmp, d)
+        except OSError:  # a concurrent process renamed its complete copy into place first: keep that one
+            shutil.rmtree(tmp, ignore_errors=True)
     except Exception:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -98,3 +98,35 @@ def test_screen_killed_halfway_resumes(tmp_path):
     assert r.returncode == 0, r.stderr
     assert _json(out) == _json(ref)
     assert json.loads(out.read_text())["timing"].get("resumed_chunks", 0) >= 2
+
+
+_LOAD_AND_SCORE = """
+import sys, numpy as np, torch
+from cel_utils import models
+print(any(models.models_dir().glob("*/COMPLETE")))   # a converted copy existed before this load
+lm = models.load_model("smollm2-135m")
+ids = lm.tokenizer("The cat sat on the", return_tensors="pt").input_ids
+with torch.no_grad():
+    np.save(sys.argv[1], lm.model(ids).logits[0, -1].numpy())
+"""
+
+
+@pytest.mark.real
+def test_two_processes_convert_the_same_model(tmp_path):
+    """Two processes de-quantizing the same built-in GGUF model into an empty models folder at once: both
+    succeed with the same logits, exactly one complete converted copy is left (no temporary folder), and a
+    third process loading that copy gets the same logits."""
+    models = tmp_path / "models"
+    env = _env(tmp_path / "cache", CEL_MODELS_DIR=str(models))
+    procs = [subprocess.Popen([sys.executable, "-c", _LOAD_AND_SCORE, str(tmp_path / f"p{i}.npy")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert [o.strip() for o, _ in outs] == ["False", "False"]        # both converted: the race did happen
+    copies = [d for d in models.iterdir()]
+    assert len(copies) == 1 and (copies[0] / "COMPLETE").exists(), copies   # no ".tmp-" folder left behind
+    before = (copies[0] / "model.safetensors").stat().st_mtime_ns
+    subprocess.run([sys.executable, "-c", _LOAD_AND_SCORE, str(tmp_path / "p2.npy")], env=env, check=True)
+    assert (copies[0] / "model.safetensors").stat().st_mtime_ns == before    # read, not rewritten
+    a, b, c = (np.load(tmp_path / f"p{i}.npy") for i in range(3))
+    assert np.array_equal(a, b) and np.array_equal(a, c)
