@@ -6,6 +6,7 @@ compared is what a user would see.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,3 +131,4 @@ def test_two_processes_convert_the_same_model(tmp_path):
     assert (copies[0] / "model.safetensors").stat().st_mtime_ns == before    # read, not rewritten
     a, b, c = (np.load(tmp_path / f"p{i}.npy") for i in range(3))
     assert np.array_equal(a, b) and np.array_equal(a, c)
+    shutil.rmtree(models)   # half a gigabyte: not kept among pytest's last three runs
