@@ -115,3 +115,28 @@ def test_one_token_choices_share_one_pass(tiny_llama):
     # a choice that is a prefix of another's input reuses it: "x" rides on "xy"'s pass
     enc2 = encode_task(tiny_llama, Task("t", "mc", [{"prompt": "p:", "choices": ["x", "xyz"], "answer": 0}]))
     assert len(enc2.inputs) == 1 and enc2.n_reads == 4
+
+
+def test_tied_choices_count_as_wrong():
+    """A tie is wrong (correct False, margin 0), whichever of the tied choices is the answer; lm-eval's argmax
+    would instead count the first of tied choices right. Exact ties are built into the model: the unembedding
+    rows of "a" and "b" are made equal, so the two tokens get identical logits at every position."""
+    from tiny import tiny_model
+
+    lm = tiny_model("llama", seed=11)  # a fresh copy: its weights are edited below
+    a, b = (lm.tokenizer(c)["input_ids"][0] for c in "ab")
+    with torch.no_grad():
+        w = lm.model.get_output_embeddings().weight
+        w[b] = w[a]
+    items = [{"prompt": "q:", "choices": ["a", "b"], "answer": 0},        # tie, answer first
+             {"prompt": "q:", "choices": ["a", "b", "c"], "answer": 1},   # tie at the top, answer second
+             {"prompt": "zz x", "choices": ["xa", "xb"], "answer": 1},   # multi-token choices, tie on the last
+             {"prompt": "q:", "choices": ["a", "c"], "answer": 0}]        # no tie: "a" beats "c" on this model
+    enc = encode_task(lm, Task("t", "mc", items))
+    res = evaluate_head_sets(lm, enc, [[], [(0, 1)], [(1, 2), (2, 0)]], progress=False, use_cache=False)
+    assert (res.choice_scores[:, :3, 0] == res.choice_scores[:, :3, 1]).all()  # the ties are exact
+    assert not res.correct[:, :3].any() and (res.margin[:, :3] == 0).all()
+    assert res.correct[:, 3].all() and (res.margin[:, 3] > 0).all()       # the same path scores a win as right
+    assert res.accuracy.tolist() == [0.25, 0.25, 0.25]
+    ref = plain_evaluate(lm, enc)
+    assert ref.correct[0].tolist() == [False, False, False, True] and (ref.margin[0, :3] == 0).all()
