@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from cel_utils.cli import main
+from cel_utils.defaults import SEARCH_POOL_MAX
 
 
 @pytest.fixture(scope="module")
@@ -260,3 +261,103 @@ def test_half_precision_numbers_match_fp32(tiny_dir, dtype, tol):
     assert np.abs(a.margin - b.margin).max() < tol
     clear = np.abs(a.margin) > tol
     assert (a.correct[clear] == b.correct[clear]).all()
+
+
+def _no_model_load(monkeypatch):
+    """Make loading any model fail loudly: a check that must come first then cannot hide behind the load."""
+    from cel_utils import models
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+
+
+@pytest.mark.parametrize("cmd", ["eval", "screen", "search"])
+@pytest.mark.parametrize("argv, msg", [
+    (["--max-tokens", "0"], "--max-tokens must be at least 1"),
+    (["--max-tokens", "-5"], "--max-tokens must be at least 1"),
+    (["--n", "0"], "--n must be at least 1, got 0"),
+    (["--n", "-2"], "--n must be at least 1, got -2"),
+])
+def test_sizes_rejected_before_the_model_loads(cmd, argv, msg, tmp_path, capsys, monkeypatch):
+    _no_model_load(monkeypatch)
+    out = tmp_path / "x.json"
+    code, _, err = run([cmd, "--model", "smollm2-135m", "--task", "agreement", *argv, "--out", str(out)], capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--pool", "0"], "--pool must be between 1 and"),
+    (["--pool", str(SEARCH_POOL_MAX + 1)], f"--pool must be between 1 and {SEARCH_POOL_MAX}"),
+    (["--max-size", "0"], "--max-size must be at least 1"),
+    (["--random-sets", "-1"], "--random-sets at least 0"),
+])
+def test_search_options_rejected_before_the_model_loads(argv, msg, tmp_path, capsys, monkeypatch):
+    _no_model_load(monkeypatch)
+    out = tmp_path / "x.json"
+    code, _, err = run(["search", "--model", "smollm2-135m", "--task", "agreement", "--n", "4", *argv,
+                        "--out", str(out)], capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+@pytest.mark.parametrize("line, msg", [
+    ({"prompt": "q:", "target": ""}, "bad.jsonl:2: 'target' must be a non-empty string"),
+    ({"prompt": "q:", "target": "  "}, "bad.jsonl:2: 'target' must be a non-empty string"),
+    ({"prompt": "q:", "target": 7}, "bad.jsonl:2: 'target' must be a non-empty string"),
+])
+def test_empty_target_in_jsonl(line, msg, tmp_path, capsys, monkeypatch):
+    _no_model_load(monkeypatch)
+    task = tmp_path / "bad.jsonl"
+    task.write_text(json.dumps({"prompt": "1 + 1 =", "target": " 2"}) + "\n" + json.dumps(line) + "\n")
+    out = tmp_path / "x.json"
+    code, _, err = run(["eval", "--model", "smollm2-135m", "--task", str(task), "--out", str(out)], capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+@pytest.fixture(scope="module")
+def dropping_dir(tmp_path_factory):
+    """A tiny Llama whose tokenizer deletes "~" (a normalizer), so a non-blank text can have no tokens."""
+    from tokenizers import normalizers
+
+    from tiny import char_tokenizer, tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny_dropping")
+    tok = char_tokenizer()
+    tok.backend_tokenizer.normalizer = normalizers.Replace("~", "")
+    assert tok("a~b")["input_ids"] == tok("ab")["input_ids"] and tok("~~")["input_ids"] == []
+    tiny_model("llama").model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("lines, msg", [
+    ([{"prompt": "q:", "choices": ["a", "b"], "answer": 0}, {"prompt": "~~", "choices": ["a", "b"], "answer": 0}],
+     "t.jsonl:2: the prompt has no tokens"),
+    ([{"prompt": "q:", "choices": ["a", "~"], "answer": 0}], "t.jsonl:1: continuation '~' adds no tokens"),
+    ([{"prompt": "q:", "target": "x"}, {"prompt": "r:", "target": "~~"}], "t.jsonl:2: continuation '~~' adds no tokens"),
+])
+def test_text_without_tokens(dropping_dir, lines, msg, tmp_path, capsys):
+    """A prompt, choice or target that the model's tokenizer turns into no tokens: exit 2 naming file and line."""
+    task = tmp_path / "t.jsonl"
+    task.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "x.json"
+    code, _, err = run(["eval", "--model", dropping_dir, "--task", str(task), "--out", str(out)], capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
+    ok = tmp_path / "ok.jsonl"  # the same model scores ordinary items of the same shape
+    ok.write_text("".join(json.dumps({**x, "prompt": "q" + x["prompt"].replace("~", "z"),
+                                      **({"choices": [c.replace("~", "z") for c in x["choices"]]} if "choices" in x
+                                         else {"target": x["target"].replace("~", "z")})}) + "\n" for x in lines))
+    assert main(["eval", "--model", dropping_dir, "--task", str(ok), "--out", str(out)]) == 0 and out.exists()
+
+
+@pytest.mark.parametrize("cmd, argv", [
+    ("eval", ["--n", "1", "--max-tokens", "1"]), ("screen", ["--n", "1", "--max-tokens", "1"]),
+    ("search", ["--n", "1", "--max-tokens", "1", "--pool", str(SEARCH_POOL_MAX), "--max-size", "1",
+                "--random-sets", "0"]),
+])
+def test_smallest_allowed_sizes_pass_the_checks(cmd, argv, monkeypatch):
+    """The boundary values are accepted: the command goes on to load the model (refused here)."""
+    _no_model_load(monkeypatch)
+    with pytest.raises(AssertionError, match="model was loaded"):
+        main([cmd, "--model", "smollm2-135m", "--task", "agreement", *argv])

@@ -115,9 +115,25 @@ def test_cel_search_json(tmp_path, capsys):
         assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(scr),
                      "--out", str(bad), *argv]) == 2 and not bad.exists()
         assert msg in capsys.readouterr().err
-    notscreen = tmp_path / "not.json"
-    notscreen.write_text('{"heads": [{"layer": "x"}]}')
-    assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(notscreen)]) == 2
+    # a --screen file that is not a screen: exit 2, one line naming the file and the problem, nothing written
+    eval_out = tmp_path / "eval.json"
+    assert main(["eval", "--model", d, "--task", "agreement", "--n", "12", "--out", str(eval_out)]) == 0
+    capsys.readouterr()
+    for name, text, msg in [("layer.json", '{"heads": [{"layer": "x"}]}', "is not a screen"),
+                            ("nohead.json", '{"heads": []}', "is not a screen"),
+                            ("nomargin.json", '{"heads": [{"layer": 0, "head": 1}]}', "is not a screen"),
+                            ("list.json", "[1, 2]", "is not a screen"),
+                            ("eval.json", None, "is not a screen"),      # a `cel eval` output, not a screen
+                            ("broken.json", '{"heads": [', "cannot read screen"),
+                            ("missing.json", None, "cannot read screen")]:
+        f = tmp_path / name
+        if text is not None:
+            f.write_text(text)
+        bad = tmp_path / "bad.json"
+        assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(f),
+                     "--out", str(bad)]) == 2 and not bad.exists(), name
+        err = capsys.readouterr().err
+        assert f"{f}" in err and msg in err and len(err.strip().splitlines()) == 1, (name, err)
 
 
 def test_joint_search_on_tiny_model(tiny_llama):

@@ -103,6 +103,10 @@ def test_jsonl_ok(tmp_path):
     (json.dumps({"prompt": " ", "choices": [" a", " b"], "answer": 0}), ":2: 'prompt' is empty"),
     (json.dumps({"prompt": "p", "choices": [" a", " a"], "answer": 0}), ":2: two choices are identical"),
     (json.dumps({"prompt": "p", "choices": [" a", ""], "answer": 0}), ":2: a choice is empty"),
+    (json.dumps({"prompt": "p", "choices": [" a", " \t"], "answer": 0}), ":2: a choice is empty"),
+    (json.dumps({"prompt": "p", "target": ""}), ":2: 'target' must be a non-empty string"),
+    (json.dumps({"prompt": "p", "target": " \n"}), ":2: 'target' must be a non-empty string"),
+    (json.dumps({"prompt": "p", "target": None}), ":2: 'target' must be a non-empty string"),
     (json.dumps({"prompt": "a", "choices": [" b", " c"], "answer": 1}), ":2: the same item as line 1"),
     (json.dumps({"prompt": "p" * 100_001, "choices": [" a", " b"], "answer": 0}), ":2: line of 100.* over the limit"),
 ])
