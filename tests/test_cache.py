@@ -40,18 +40,35 @@ def test_no_cache(tiny_llama, tmp_path, monkeypatch):
 
 
 def test_cached_screen_keeps_its_compute_time(tiny_llama, tmp_path, monkeypatch):
+    """A screen read back from the cache reports the compute time its entries stored (the sum over its chunks),
+    not the time to read them back, and says it was cached."""
+    import pytest
+
     from cel_utils.screening import screen
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("CEL_NO_CACHE", raising=False)
+    monkeypatch.setattr("cel_utils.screening.SCREEN_CHUNK_LAYERS", 1)   # heads in layers 0 and 1: two chunks
     task = load_task("agreement", n=4)
-    a = screen(tiny_llama, task, heads=[(0, 0), (0, 1)], progress=False)
-    b = screen(tiny_llama, task, heads=[(0, 0), (0, 1)], progress=False)
-    assert not a.meta["from_cache"] and b.meta["from_cache"]
-    assert 0 < b.seconds <= a.seconds  # the compute time of the first run, not the time to read it back
+    heads = [(0, 0), (1, 1)]
+    a = screen(tiny_llama, task, heads=heads, progress=False)
+    assert not a.meta["from_cache"] and a.meta["resumed_chunks"] == 0
+    entries = list(tmp_path.rglob("*.npz"))
+    assert len(entries) == 2
+    stored = []
+    for f in entries:
+        with np.load(f, allow_pickle=False) as z:
+            stored.append(float(z["seconds"]))
+    assert all(s > 0 for s in stored)
+    b = screen(tiny_llama, task, heads=heads, progress=False)
+    assert b.meta["from_cache"] and b.meta["resumed_chunks"] == 2
+    assert b.seconds == pytest.approx(sum(stored), rel=1e-12, abs=0)
     assert np.array_equal(a.results.margin, b.results.margin)
-    # cost accounting uses the model's depth, not the deepest screened head
-    assert a.n_layers == tiny_llama.n_layers > 1
-    assert a.forward_equivalents == 1 + 2 * 1.0
+    # cost accounting uses the model's depth (3 layers), not the deepest screened head (layer 1): a head in
+    # layer l recomputes (3 - l) / 3 of a forward, 1 + 3/3 + 2/3 (the deepest head's count would give 2.5)
+    assert tiny_llama.n_layers == 3
+    for sc in (a, b):
+        assert sc.forward_equivalents == pytest.approx(1 + 1 + 2 / 3)
 
 
 def test_weights_edited_in_place_invalidate_cached_results(tmp_path, monkeypatch):
