@@ -28,6 +28,9 @@ RANDOM_SETS = 100    # random head sets per size in the plain random-set control
 RANDOM_POOLS = 5     # random pools put through the whole joint pipeline (the selection-aware control)
 BEAM_WIDTH = 3
 
+# Chapter 3's toy model: a change in task A's population loss smaller than this (in magnitude) is "no effect"
+THEORY_EFFECT = 0.01
+
 # Approximate screens
 GRADIENT_FORWARD_EQUIVALENTS = 3.0  # one forward and one backward (a backward costs about two forwards)
 LASSO_CV = 5                        # compressed sensing: folds, grid size and iteration cap of LassoCV

@@ -170,12 +170,21 @@ def theory_slider(run, index: int = 0, n_frames: int = 40) -> go.Figure:
 
 
 def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = None) -> go.Figure:
+    """A sweep column by initialization scale (x) and number of heads (y). C-share and fractions on [0, 1];
+    a change in loss on a diverging scale centred at zero."""
     piv = df.pivot(index="heads", columns="sigma", values=value)
+    labels = {"c_share": "C-share", "best_dloss_a": "best change in A's loss",
+              "best_dacc_a": "best change in A's accuracy", "single_c_head": "runs with one C-carrier"}
+    if value.startswith(("best_dloss", "best_dacc", "runner_up")):
+        lim = float(np.nanmax(np.abs(piv.values))) or 1.0
+        scale = dict(colorscale="RdBu" if "dacc" in value else "RdBu_r", zmin=-lim, zmax=lim)
+    else:
+        scale = dict(colorscale="Viridis", zmin=0, zmax=1)
     fig = go.Figure(go.Heatmap(z=piv.values, x=[f"{s:g}" for s in piv.columns], y=[f"H={h}" for h in piv.index],
-                               colorscale="Viridis", zmin=0, zmax=1, text=np.round(piv.values, 2),
-                               texttemplate="%{text}", colorbar=dict(title=value)))
-    fig.update_layout(title=title or f"{value} by initialisation scale and number of heads",
-                      xaxis_title="initialisation scale sigma", yaxis_title="heads", height=320)
+                               text=np.round(piv.values, 3), texttemplate="%{text}",
+                               colorbar=dict(title=labels.get(value, value)), **scale))
+    fig.update_layout(title=title or f"{labels.get(value, value)} by initialization scale and number of heads",
+                      xaxis_title="initialization scale sigma", yaxis_title="heads", height=320)
     return fig
 
 
@@ -330,4 +339,70 @@ def zero_vs_mean(df: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_layout(title=title or "zero vs mean ablation of the same heads (search split)",
                       xaxis_title="change in accuracy, zero ablation", yaxis_title="change in accuracy, mean ablation",
                       height=420)
+    return fig
+
+
+def tradeoff_scatter(points: pd.DataFrame, x_label: str = "change on task A", y_label: str = "change on task B",
+                     title: str | None = None, marked: str = "confirmed") -> go.Figure:
+    """Every head's ablation change on one task (x) against another (y), one panel per ``panel`` value (or per
+    ``model``/``task_a``/``task_b``); heads flagged in ``marked`` drawn as stars. The lower-right quadrant is the
+    toy model's signature: removal helps A and hurts B."""
+    from plotly.subplots import make_subplots
+
+    if "panel" not in points:
+        points = points.assign(panel=points["model"] + ": " + points["task_a"] + " vs " + points["task_b"])
+    panels = list(dict.fromkeys(points["panel"]))
+    cols = min(2, len(panels))
+    rows = (len(panels) + cols - 1) // cols
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=panels, horizontal_spacing=0.12,
+                        vertical_spacing=0.16 if rows > 1 else 0.1)
+    for i, p in enumerate(panels):
+        g = points[points["panel"] == p]
+        r, c = i // cols + 1, i % cols + 1
+        for flag, style in [(False, dict(size=5, color="#95a5a6", opacity=0.6)),
+                            (True, dict(size=13, color="#c0392b", symbol="star"))]:
+            h = g[g[marked] == flag]
+            fig.add_scatter(x=h["delta_a"], y=h["delta_b"], mode="markers", marker=style, text=h["head"],
+                            name=marked if flag else "other heads", legendgroup=str(flag), showlegend=i == 0,
+                            hovertemplate="%{text}: %{x:+.3f}, %{y:+.3f}<extra></extra>", row=r, col=c)
+        fig.add_hline(y=0, line=dict(color="#888", dash="dot"), row=r, col=c)
+        fig.add_vline(x=0, line=dict(color="#888", dash="dot"), row=r, col=c)
+        fig.update_xaxes(title_text=x_label, row=r, col=c)
+        fig.update_yaxes(title_text=y_label, row=r, col=c)
+    fig.update_layout(title=title or "helps one task, hurts the other? (lower right: the toy model's signature)",
+                      height=340 * rows + 80, legend=dict(orientation="h", y=-0.12))
+    return fig
+
+
+def phase_lengths(runs: pd.DataFrame, rates: dict, title: str | None = None) -> go.Figure:
+    """Escape time ``T1`` and plateau length ``T2 - T1`` of every run against ``log(1/sigma)``, with lines of
+    the predicted slopes (``rates`` from :func:`cel_utils.dynamics.rates`) drawn through the mean of the runs
+    (the slopes are predicted, the intercepts are not)."""
+    ok = runs[(runs.T1 > 0) & (runs.T2 > 0)]
+    x = np.log(1 / ok.sigma.to_numpy())
+    fig = go.Figure()
+    for name, y, slope, color in [("escape T1", ok.T1.to_numpy(), rates["slope_escape"], "#2980b9"),
+                                  ("plateau T2 - T1", (ok.T2 - ok.T1).to_numpy(), rates["slope_plateau"], "#c0392b")]:
+        fig.add_scatter(x=x, y=y, mode="markers", name=f"{name} (runs)", marker=dict(color=color, size=5, opacity=0.5))
+        xs = np.array([x.min(), x.max()])
+        fig.add_scatter(x=xs, y=y.mean() + slope * (xs - x.mean()), mode="lines", name=f"{name}: predicted slope",
+                        line=dict(color=color, dash="dash"))
+    fig.update_layout(title=title or "phase lengths against log(1/sigma): runs and predicted slopes",
+                      xaxis_title="log(1/sigma)", yaxis_title="gradient steps", height=420)
+    return fig
+
+
+def plateau_rates(runs: pd.DataFrame, rates: dict, title: str | None = None) -> go.Figure:
+    """The carrier's measured growth rate on the plateau per run, the rate the linearisation gives at the run's
+    own plateau weights, and the rate at the saddle (``lambda_2``), against ``log(1/sigma)``."""
+    x = np.log(1 / runs.sigma.to_numpy())
+    fig = go.Figure()
+    fig.add_scatter(x=x, y=runs.plateau_rate, mode="markers", name="measured (runs)",
+                    marker=dict(color="#c0392b", size=6, opacity=0.6))
+    fig.add_scatter(x=x, y=runs.plateau_rate_at_w, mode="markers", name="linearised at the run's plateau weights",
+                    marker=dict(color="#2c3e50", size=4, symbol="x"))
+    fig.add_hline(y=rates["lambda_2"], line=dict(color="#888", dash="dash"),
+                  annotation_text="at the saddle (lambda_2)", annotation_position="bottom right")
+    fig.update_layout(title=title or "growth rate of the conflicting head on the plateau",
+                      xaxis_title="log(1/sigma)", yaxis_title="growth of log|a - b| per step", height=400)
     return fig

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .defaults import THEORY_EFFECT
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,28 @@ class Run:
             out.append(int(d.argmin()) if d.min() < 0 else -1)
         return np.array(out)
 
+    def best_ablation(self, run: int = 0) -> dict:
+        """The single-head ablation that lowers task A's loss the most, and the runner-up (the best other head).
+
+        ``best_delta_loss_a`` near 0 means no head's removal helps A; a runner-up close to the best means the
+        effect is shared by several heads rather than localized in one.
+        """
+        abl = self.ablation(run)
+        d = np.array([x["delta_loss_a"] for x in abl])
+        order = np.argsort(d)
+        best = abl[order[0]]
+        return {"best_head": int(order[0]), "best_delta_loss_a": best["delta_loss_a"],
+                "best_delta_acc_a": best["delta_acc_a"], "best_delta_loss_b": best["delta_loss_b"],
+                "best_delta_acc_b": best["delta_acc_b"],
+                "runner_up_delta_loss_a": float(d[order[1]]) if len(d) > 1 else 0.0}
+
+    def effects(self):
+        """One row per run: sigma, seed, C-share, gap and :meth:`best_ablation` (a tidy table)."""
+        import pandas as pd
+
+        return pd.DataFrame([{"sigma": float(self.sigma[r]), "seed": self.seeds[r], "c_share": float(self.c_shares[r]),
+                              "gap": float(self.gaps[r]), **self.best_ablation(r)} for r in range(len(self.sigma))])
+
     def summary(self, run: int = 0) -> dict:
         return {
             "n_heads": self.n_heads, "sigma": float(self.sigma[run]), "seed": self.seeds[run],
@@ -292,7 +315,7 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
         getattr(P, nme).requires_grad_(True)
     params = [getattr(P, nme) for nme in names]
     W_star, L_star = optimum(setup)
-    hist = {"loss": [], "att": [], "kappa": [], "value": []}
+    hist = {"loss": [], "att": [], "kappa": [], "value": [], "a": [], "b": []}
     rec_steps = []
 
     def record(step, W, Wh, att):
@@ -301,6 +324,8 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
         hist["att"].append((att.detach() * counts).numpy())
         hist["kappa"].append(Wh.detach()[..., 2].numpy())
         hist["value"].append(P.values().detach().numpy())
+        hist["a"].append(P.a.detach().numpy().copy())
+        hist["b"].append(P.b.detach().numpy().copy())
 
     for step in range(steps + 1):
         att = head_attention(P.scores(), counts)
@@ -332,7 +357,10 @@ def run(n_heads: int = 4, sigma: float = 1e-4, seed: int = 0, steps: int = 4000,
 
 def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: int = 20, steps: int = 10000,
           lr: float = 0.5, setup: Setup = DEFAULT, progress: bool = False):
-    """C-share, single-C-head fraction and 'best head to ablate for A is the top C-carrier', per cell."""
+    """Per (heads, sigma) cell over ``n_seeds`` runs: how concentrated the conflicting feature is (C-share, the
+    fraction of runs with a single C-carrier) *and* how large the effect is (the best single-head ablation's
+    change in task A's loss and accuracy: mean, sd, min, max over seeds; the runner-up head's change in A's loss).
+    """
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -340,17 +368,77 @@ def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: in
     for H in tqdm(heads, desc="sweep over head counts", disable=not progress):
         r = train(n_heads=H, sigma=list(sigmas), seeds=range(n_seeds), steps=steps, lr=lr, setup=setup,
                   record_every=steps)
+        eff = r.effects()
         best = r.best_head_for_a()
         for i, s in enumerate(sigmas):
             sl = slice(i * n_seeds, (i + 1) * n_seeds)
+            e = eff.iloc[sl]
             rows.append({"heads": H, "sigma": s, "runs": n_seeds,
                          "c_share": float(r.c_shares[sl].mean()),
                          "c_share_sd": float(r.c_shares[sl].std()),
                          "single_c_head": float((r.n_c_carriers[sl] == 1).mean()),
                          "best_ablation_is_c_head": float((best[sl] == r.c_heads[sl]).mean()),
+                         **summarise_effects(e),
                          "max_gap": float(r.gaps[sl].max()),
                          "not_converged": int((r.gaps[sl] > 1e-6).sum())})
     return pd.DataFrame(rows)
+
+
+def summarise_effects(eff) -> dict:
+    """Mean, sd and range over runs of the best single-head ablation's effect on task A (rows of
+    :meth:`Run.effects`)."""
+    d, a, ru = eff["best_delta_loss_a"], eff["best_delta_acc_a"], eff["runner_up_delta_loss_a"]
+    return {"best_dloss_a": float(d.mean()), "best_dloss_a_sd": float(d.std(ddof=0)),
+            "best_dloss_a_min": float(d.min()), "best_dloss_a_max": float(d.max()),
+            "best_dacc_a": float(a.mean()), "best_dacc_a_min": float(a.min()), "best_dacc_a_max": float(a.max()),
+            "runner_up_dloss_a": float(ru.mean()), "runner_up_dloss_a_min": float(ru.min())}
+
+
+CONTROLS = {
+    "the model (factored values, small init)": dict(),
+    "large initialization (sigma = 1)": dict(sigma=1.0),
+    "(a) one value scalar per head": dict(value="scalar"),
+    "(b) weak conflict": dict(setup=WEAK_CONFLICT),
+}
+
+
+def controls(n_heads: int = 4, sigma: float = 1e-4, seeds=range(10), steps: int = 4000, lr: float = 0.5):
+    """The model and its controls, each over ``seeds``: C-share, gap and the size of the effect
+    (:func:`summarise_effects`). One row per control; ``name`` as in :data:`CONTROLS`."""
+    import pandas as pd
+
+    rows = []
+    for name, kw in CONTROLS.items():
+        kw = {"sigma": sigma, **kw}
+        r = train(n_heads=n_heads, seeds=seeds, steps=steps, lr=lr, record_every=steps, **kw)
+        rows.append({"control": name, "sigma": kw["sigma"], "runs": len(r.sigma),
+                     "W_star_C": float(r.W_star[2]), "c_share": float(r.c_shares.mean()),
+                     **summarise_effects(r.effects()), "max_gap": float(r.gaps.max())})
+    return pd.DataFrame(rows)
+
+
+def signed(x: float) -> str:
+    """A signed number for prose: three decimals, or two significant digits when it is that small."""
+    return f"{x:+.3f}" if x == 0 or abs(x) >= 5e-4 else f"{x:+.1e}"
+
+
+def describe_effect(row, threshold: float = THEORY_EFFECT) -> str:
+    """One sentence on the size and the localization of the effect in a row of :func:`controls` or
+    :func:`sweep`, read from its numbers: *present* when the best single-head removal lowers task A's loss by
+    more than ``threshold`` in every run, *localized* when no other head's removal does so in any run."""
+    r = dict(row)
+    size = (f"the best single-head removal changes task A's loss by {signed(r['best_dloss_a'])} on average "
+            f"({signed(r['best_dloss_a_min'])} to {signed(r['best_dloss_a_max'])} over {r['runs']} runs) and "
+            f"its accuracy by {signed(r['best_dacc_a'])}; C-share {r['c_share']:.2f}")
+    if r["best_dloss_a_min"] > -threshold:
+        return f"{size}: no head's removal helps task A (every change is above {-threshold:+.2f})."
+    if r["best_dloss_a_max"] > -threshold:
+        return f"{size}: a head whose removal helps task A appears in some runs only."
+    if r["runner_up_dloss_a_min"] > -threshold:
+        return f"{size}: the effect is there in every run and sits in one head (no other head's removal " \
+               f"changes A's loss by more than {threshold:.2f})."
+    return f"{size}: the effect is there in every run but is shared: the second-best head's removal lowers " \
+           f"A's loss too (by up to {-r['runner_up_dloss_a_min']:.3f})."
 
 
 # ----------------------------------------------------------------------------------------------

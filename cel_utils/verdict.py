@@ -170,6 +170,55 @@ def cost_on_other_tasks(lm, verdicts: Sequence[Verdict], n_items: int | None = N
     return set_costs(lm, chosen, {v.task: v.splits["heldout"] for v in verdicts}, n_items, mode, n_boot, seed)
 
 
+def tradeoff(landscape: pd.DataFrame, confirmed: dict, value: str = "delta_margin") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Do the confirmed heads of task A hurt the model's other task B more often than other heads that help A?
+
+    The toy model of chapter 3 makes heads whose removal helps A *and* hurts B. ``landscape`` holds one row
+    per (model, task, head) with the single-head ablation change ``value`` (the screens of chapter 1a: the same
+    heads on every task of a model); ``confirmed`` maps ``(model, task)`` to that task's confirmed heads.
+    Returns ``points`` (every head: ``delta_a``, ``delta_b``, ``confirmed`` for A) and ``tests``, one row per
+    model and ordered task pair: among the heads whose removal helps A (``delta_a > 0``), how many of the
+    confirmed ones and how many of the others hurt B (``delta_b < 0``); Fisher's exact test, one-sided (confirmed
+    heads hurt B more often), with Holm's correction over the pairs tested. A pair without confirmed heads is
+    listed and not tested.
+
+    Example:
+        >>> points, tests = tradeoff(landscape, {("smollm2-135m", "addition"): ["L13H0"]})  # doctest: +SKIP
+    """
+    from scipy.stats import fisher_exact
+
+    from .stats import holm
+
+    points, rows = [], []
+    for model, g in landscape.groupby("model", sort=False):
+        wide = g.pivot_table(index="head", columns="task", values=value, sort=False)
+        for ta in wide.columns:
+            for tb in wide.columns:
+                if ta == tb:
+                    continue
+                conf = set(confirmed.get((model, ta), []))
+                pts = pd.DataFrame({"model": model, "task_a": ta, "task_b": tb, "head": wide.index,
+                                    "delta_a": wide[ta].to_numpy(), "delta_b": wide[tb].to_numpy()})
+                pts["confirmed"] = pts["head"].isin(conf)
+                points.append(pts)
+                helps = pts[pts.delta_a > 0]
+                c, o = helps[helps.confirmed], helps[~helps.confirmed]
+                k_c, k_o = int((c.delta_b < 0).sum()), int((o.delta_b < 0).sum())
+                row = {"model": model, "task_a": ta, "task_b": tb, "heads": len(pts), "help_a": len(helps),
+                       "confirmed": len(c), "confirmed_hurt_b": k_c, "others_help_a": len(o), "others_hurt_b": k_o,
+                       "share_confirmed": k_c / len(c) if len(c) else np.nan,
+                       "share_others": k_o / len(o) if len(o) else np.nan, "p_value": np.nan}
+                if len(c) and len(o):
+                    row["p_value"] = float(fisher_exact([[k_c, len(c) - k_c], [k_o, len(o) - k_o]],
+                                                        alternative="greater").pvalue)
+                rows.append(row)
+    tests = pd.DataFrame(rows)
+    tested = tests.p_value.notna()
+    tests["p_holm"] = np.nan
+    tests.loc[tested, "p_holm"] = holm(tests.loc[tested, "p_value"].to_numpy())
+    return (pd.concat(points, ignore_index=True) if points else pd.DataFrame()), tests
+
+
 def _first(task: Task, n: int | None) -> Task:
     return task if n is None or n >= len(task) else replace(task, items=task.items[:n])
 
