@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,8 +28,10 @@ VENDOR = ROOT / "book" / "assets" / "vendor"
 
 def record(path: str | os.PathLike, values: dict) -> dict:
     """Write a chapter's headline values as JSON (atomically) so tests can check them; returns them."""
+    from .cache import STATS
     from .io import write_json_atomic
 
+    values = {**values, "cache": dict(STATS)}   # result-cache hits and misses of this run (the status page)
     write_json_atomic(path, values)
     return values
 
@@ -55,8 +58,51 @@ def check_parameters(namespace: dict, **types) -> None:
             raise CELError(f"parameter {name!r} must be {tname}, got {type(val).__name__} {val!r}")
 
 
+SOLUTION = re.compile(r":::\{solution\}[^\n]*\n(.*?)\n:::", re.S)
+CODE = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def solution_code(nb: dict) -> list[str]:
+    """The Python code blocks inside a notebook's ``{solution}`` directives, in order."""
+    out = []
+    for c in nb["cells"]:
+        if c["cell_type"] == "markdown":
+            for body in SOLUTION.findall("".join(c["source"])):
+                out += [code.strip() for code in CODE.findall(body)]
+    return out
+
+
+def with_solutions(src: Path, dest: Path) -> Path:
+    """A copy of notebook ``src`` with every exercise solution appended as a code cell (tagged
+    ``solution-check``), so that executing the copy runs the solutions in the chapter's own namespace."""
+    nb = json.loads(src.read_text())
+    for i, code in enumerate(solution_code(nb)):
+        nb["cells"].append({"cell_type": "code", "execution_count": None, "id": f"solution-check-{i}",
+                            "metadata": {"tags": ["solution-check"]}, "outputs": [],
+                            "source": code.splitlines(keepends=True)})
+    dest.write_text(json.dumps(nb, indent=1))
+    return dest
+
+
+def title(nb_path: Path) -> str:
+    """A chapter's title: the first level-1 heading of its first markdown cell."""
+    for c in json.loads(Path(nb_path).read_text())["cells"]:
+        if c["cell_type"] == "markdown":
+            for line in "".join(c["source"]).splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return Path(nb_path).stem
+
+
 def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
-            kernel: str = "python3") -> list[dict]:
+            kernel: str = "python3", solutions: bool = False) -> list[dict]:
+    """Execute the chapters with papermill into ``out`` and write the execution-status page.
+
+    ``solutions=True`` (the tests) also runs every exercise solution at the end of its chapter: a failing
+    solution fails the chapter.
+    """
+    import tempfile
+
     import papermill as pm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -67,15 +113,21 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
         print(f"executing {nb.name} ...", flush=True)
         t0 = time.time()
         ok = True
+        src = nb
+        if solutions:
+            src = with_solutions(nb, Path(tempfile.mkdtemp()) / nb.name)
         try:
-            pm.execute_notebook(str(nb), str(out / nb.name), parameters=(parameters or {}).get(nb.stem, {}), kernel_name=kernel,
-                                cwd=str(out), progress_bar=False)
+            pm.execute_notebook(str(src), str(out / nb.name), parameters=(parameters or {}).get(nb.stem, {}),
+                                kernel_name=kernel, cwd=str(out), progress_bar=False)
         except Exception as e:  # the failing notebook is still written, with the error in it
             ok = False
             print(f"  FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
         secs = time.time() - t0
         print(f"  {nb.name}: {secs:.0f} s", flush=True)
-        status.append({"notebook": nb.stem, "seconds": round(secs, 1), "ok": ok})
+        rec = out / f"{nb.stem}.record.json"
+        cache_stats = json.loads(rec.read_text()).get("cache", {}) if ok and rec.exists() else {}
+        status.append({"notebook": nb.stem, "title": title(nb), "seconds": round(secs, 1), "ok": ok,
+                       "cache_hits": cache_stats.get("hits"), "cache_misses": cache_stats.get("misses")})
     prev = {}
     sfile = out / "execution_status.json"
     if sfile.exists():
@@ -89,18 +141,59 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
     return status
 
 
-def _write_status_page(out: Path, rows: list[dict]) -> None:
+def _environment() -> dict:
+    """Date, commit and package versions for the status page."""
+    import datetime
     import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    versions = {}
+    for pkg in ("cel-utils", "torch", "transformers", "numpy", "scipy", "pandas", "plotly"):
+        try:
+            versions[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+            "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU",
+            "versions": versions}
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _write_status_page(out: Path, rows: list[dict]) -> None:
+    env = _environment()
+
+    def cached(r):
+        h, m = r.get("cache_hits"), r.get("cache_misses")
+        if h is None:
+            return "not recorded"
+        return "all from the cache" if h and not m else ("computed" if not h else f"{h} of {h + m} from the cache")
 
     lines = ["# Execution status", "",
              "Every chapter is executed with papermill at its default parameters before the book is built "
-             "(`make book`). Times are wall-clock on the machine that built this copy "
-             f"({platform.machine()}, {os.cpu_count()} CPU cores, no GPU).", "",
-             "| chapter | run time | status |", "|---|---|---|"]
+             f"(`make book`). This copy was built on {env['date']} from commit `{env['commit']}` on "
+             f"{env['machine']}, Python {env['python']}; times are wall-clock on that machine. A result read back "
+             "from the result cache costs almost nothing, so a chapter's time depends on what an earlier run "
+             "left in the cache (the *results* column).", "",
+             "| chapter | run time | results | status |", "|---|---|---|---|"]
     for r in rows:
-        mins = f"{r['seconds'] / 60:.1f} min" if r["seconds"] >= 60 else f"{r['seconds']:.0f} s"
-        lines.append(f"| [{r['notebook']}]({r['notebook']}.ipynb) | {mins} | {'ok' if r['ok'] else 'FAILED'} |")
+        lines.append(f"| [{r.get('title', r['notebook'])}]({r['notebook']}.ipynb) | {_minutes(r['seconds'])} | "
+                     f"{cached(r)} | {'ok' if r['ok'] else 'FAILED'} |")
+    total = sum(r["seconds"] for r in rows)
+    lines += ["", f"Total: {_minutes(total)}.", "", "Package versions: "
+              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + "."]
     (out / "execution_status.md").write_text("\n".join(lines) + "\n")
+    # the course guide includes this table of run times, so it never states a time by hand
+    times = ["| chapter | run time at default parameters |", "|---|---|"]
+    times += [f"| {r.get('title', r['notebook'])} | {_minutes(r['seconds'])} |" for r in rows]
+    (out / "run_times.md").write_text("\n".join(times) + "\n")
 
 
 # npm packages served from the book itself: name -> (spec, folder inside the package, files to keep)

@@ -88,8 +88,17 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+STATS = {"hits": 0, "misses": 0}  # loads answered from the cache in this process, and loads that were not
+
+
 def load(key: str) -> dict[str, np.ndarray] | None:
     """The cached arrays, or None if missing or corrupt (a corrupt entry is removed)."""
+    out = _load(key)
+    STATS["hits" if out is not None else "misses"] += 1
+    return out
+
+
+def _load(key: str) -> dict[str, np.ndarray] | None:
     npz, side = _paths(key)
     if not (npz.exists() and side.exists()):
         return None

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -216,8 +217,9 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         tok, model = _load_converted(name, digest, torch_dtype)
         if model is None:
             kw = dict(gguf_file=path.name)
-            tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch_dtype, **kw)
+            with _no_gguf_progress_bar():  # 15-40 s, once per machine: no bar left in rendered pages
+                tok = AutoTokenizer.from_pretrained(str(path.parent), **kw)
+                model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch_dtype, **kw)
             _store_converted(name, digest, torch_dtype, tok, model)
         lm = wrap_model(model, tok, name=name, weights_hash=digest, source=str(path))
     else:
@@ -246,6 +248,22 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     if cache:
         _CACHE[key] = lm
     return lm
+
+
+@contextlib.contextmanager
+def _no_gguf_progress_bar():
+    """transformers draws its own tqdm bar while de-quantizing a GGUF file (not covered by
+    ``disable_progress_bar``); silence it for the duration of the load."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def models_dir() -> Path:

@@ -406,3 +406,32 @@ def plateau_rates(runs: pd.DataFrame, rates: dict, title: str | None = None) -> 
     fig.update_layout(title=title or "growth rate of the conflicting head on the plateau",
                       xaxis_title="log(1/sigma)", yaxis_title="growth of log|a - b| per step", height=400)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbered, captioned figures
+# ---------------------------------------------------------------------------------------------
+_FIGURES = {"chapter": "", "n": 0}
+
+
+def chapter(label: str) -> None:
+    """Start numbering a chapter's figures: ``chapter("3")`` makes the next figure "Figure 3.1"."""
+    _FIGURES.update(chapter=str(label), n=0)
+
+
+def figure(fig, caption: str):
+    """Show ``fig`` with a numbered caption under it (HTML, so the static book shows it too); returns the label.
+
+    Example:
+        >>> chapter("9"); figure(go.Figure(), "an empty figure")  # doctest: +SKIP
+        'Figure 9.1'
+    """
+    from html import escape
+
+    from IPython.display import HTML, display
+
+    _FIGURES["n"] += 1
+    label = f"Figure {_FIGURES['chapter']}.{_FIGURES['n']}" if _FIGURES["chapter"] else f"Figure {_FIGURES['n']}"
+    display(fig)
+    display(HTML(f'<p class="cel-caption"><strong>{label}.</strong> {escape(caption)}</p>'))
+    return label

@@ -33,6 +33,7 @@ CI_PARAMETERS = {
                         "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,
                         "n_confirm": 10, "n_heldout": 8, "n_explore": 6, "n_cost": 6, "screen_heads": "L13,L14",
                         "pool_size": 3, "max_size": 2, "random_sets": 4, "random_pools": 2, "fdr": 1.01},
+    "04_findings": {},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
                   "sweep_steps": 1500, "control_seeds": 3, "early_sigmas": [1e-4, 1e-2], "early_seeds": 8,
                   "early_steps": 2500},
@@ -42,7 +43,7 @@ CI_PARAMETERS = {
 @pytest.fixture(scope="session")
 def staged(tmp_path_factory):
     root = book.stage(tmp_path_factory.mktemp("book"))
-    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS)
+    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS, solutions=True)
     return root, status
 
 
@@ -52,9 +53,49 @@ def _record(staged, name):
 
 
 def test_every_chapter_has_ci_parameters_and_ran(staged):
-    _, status = staged
+    root, status = staged
     assert {s["notebook"] for s in status} == set(book.expected_chapters()) == set(CI_PARAMETERS)
-    assert all(s["ok"] for s in status)
+    assert [s["title"] for s in status] == [book.title(book.NOTEBOOKS / f"{s['notebook']}.ipynb") for s in status]
+
+
+def test_every_exercise_solution_ran_at_ci_parameters(staged):
+    """Each chapter ran with its solutions appended (a failing solution fails the chapter, and the fixture)."""
+    root, _ = staged
+    n_solutions = 0
+    for name in book.expected_chapters():
+        src = json.loads((book.NOTEBOOKS / f"{name}.ipynb").read_text())
+        ran = [c for c in json.loads((root / "book" / "chapters" / f"{name}.ipynb").read_text())["cells"]
+               if "solution-check" in c.get("metadata", {}).get("tags", [])]
+        assert ["".join(c["source"]).strip() for c in ran] == book.solution_code(src)
+        assert all(o.get("output_type") != "error" for c in ran for o in c["outputs"])
+        n_solutions += len(ran)
+    assert n_solutions >= 8
+
+
+def test_a_failing_chapter_is_reported_and_stops_the_build(tmp_path, monkeypatch):
+    import nbformat
+
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Broken"),
+                                         nbformat.v4.new_code_cell("raise RuntimeError('boom')")])
+    nbformat.write(nb, nbs / "09_broken.ipynb")
+    monkeypatch.setattr(book, "NOTEBOOKS", nbs)
+    with pytest.raises(SystemExit):
+        book.execute(tmp_path / "out")
+    (row,) = json.loads((tmp_path / "out" / "execution_status.json").read_text())
+    assert row["notebook"] == "09_broken" and row["ok"] is False and row["title"] == "Broken"
+    assert "FAILED" in (tmp_path / "out" / "execution_status.md").read_text()
+
+
+def test_findings_page_states_every_verdict(staged):
+    """The findings page repeats each verdict sentence of chapters 1a and 2, read from their records."""
+    prose = _markdown_outputs(staged, "04_findings")
+    for name in ("01a_landscape", "02_joint_search"):
+        for v in _record(staged, name)["verdict"]:
+            assert f"**{v['model']} / {v['task']}**: {v['verdict']}." in prose
+    t = _record(staged, "03_theory")
+    assert f"escape slope {t['early_check'][0]['predicted']:.1f} predicted" in prose
 
 
 def test_chapter1_records(staged):
@@ -260,14 +301,36 @@ def test_figures_in_html(built, chapter, min_figs):
     assert "vendor/plotly.min.js" in html
 
 
-def test_execution_status_page(built):
+def test_execution_status_page(built, staged):
+    import html as H
+
     html = (built / "book" / "chapters" / "execution_status.html").read_text(encoding="utf-8")
     for ch in book.expected_chapters():
-        assert ch in html
+        assert ch in html and H.escape(book.title(book.NOTEBOOKS / f"{ch}.ipynb"), quote=False) in html
+    assert "commit" in html and "torch" in html and ("from the cache" in html or "computed" in html)
+    guide = (built / "book" / "course_guide.html").read_text(encoding="utf-8")
+    _, status = staged
+    assert all(f"{s['seconds']:.0f} s" in guide or f"{s['seconds'] / 60:.1f} min" in guide for s in status)
+
+
+@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search",
+                                     "03_theory", "04_findings"])
+def test_pages_are_clean(built, chapter):
+    """Every plotly figure has a numbered caption; no progress bar, log or traceback in any output; every
+    widget view appears once."""
+    html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
+    n_figs = html.count('class="plotly-graph-div')
+    captions = re.findall(r'class="cel-caption"><strong>Figure ([0-9a-z]+)\.(\d+)\.</strong>', html)
+    assert len(captions) == n_figs
+    assert [int(n) for _, n in captions] == list(range(1, n_figs + 1))
+    for bad in ("it/s]", "s/it]", "Traceback (most recent call last)", "Converting and de-quantizing", "%|"):
+        assert bad not in html, bad
+    views = re.findall(r'"model_id": "([0-9a-f]+)"', html.split("application/vnd.jupyter.widget-state+json")[0])
+    assert len(views) == len(set(views))
 
 
 @needs_chromium
-@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "03_theory"])
+@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "03_theory", "04_findings"])
 def test_figures_render_in_headless_chromium(built, chapter):
     page = built / "book" / "chapters" / f"{chapter}.html"
     with tempfile.TemporaryDirectory() as prof:
@@ -280,7 +343,8 @@ def test_figures_render_in_headless_chromium(built, chapter):
                        capture_output=True, text=True, timeout=180)
     n_divs = dom.stdout.count('class="plotly-graph-div')
     n_rendered = dom.stdout.count('class="main-svg"')
-    assert n_divs >= 4 and n_rendered >= n_divs, (n_divs, n_rendered)
+    assert n_divs >= (0 if chapter == "04_findings" else 4) and n_rendered >= n_divs, (n_divs, n_rendered)
+    assert "mjx-merror" not in dom.stdout and "MathJax error" not in dom.stdout   # no maths that failed to parse
     if chapter in ("01_screening", "02_joint_search"):  # static head-toggle grid, via the local widget manager
         assert "widget-toggle-button" in dom.stdout
     missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]

@@ -8,7 +8,7 @@ import cel_utils
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
 ORDER = ["errors", "defaults", "io", "cache", "models", "tasks", "ablation", "scoring", "engine", "stats",
-         "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "theory", "plots", "widgets",
+         "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "theory", "dynamics", "tables", "plots", "widgets",
          "book", "cli"]
 
 
@@ -46,3 +46,20 @@ def test_the_checker_sees_a_violation(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def f():\n    from .cli import main\n    from .models import _get_attr\n")
     assert _imports(f) == [("cli", ["main"]), ("models", ["_get_attr"])]
+
+
+def test_bibliography_is_complete_and_every_entry_cited():
+    """Every {cite} key in the book's pages and notebooks is in references.bib, and every entry is cited."""
+    import json
+    import re
+
+    root = PKG.parent
+    keys = set(re.findall(r"^@\w+\{([^,]+),", (root / "book" / "references.bib").read_text(), flags=re.M))
+    texts = [p.read_text() for p in (root / "book").glob("*.md")]
+    for nb in (root / "notebooks").glob("*.ipynb"):
+        texts += ["".join(c["source"]) for c in json.loads(nb.read_text())["cells"]]
+    cited = {k.strip() for t in texts for group in re.findall(r"\{cite[a-z:]*\}`([^`]+)`", t)
+             for k in group.split(",")}
+    assert cited - keys == set(), "cited but missing from references.bib"
+    assert keys - cited == set(), "in references.bib but never cited"
+    assert not any(re.search(r"\b[A-Z][a-z]+ et al\.,? \d{4}", t) for t in texts), "a typed citation"
