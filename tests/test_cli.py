@@ -35,14 +35,25 @@ def test_eval_and_screen_json(tiny_dir, tmp_path, capsys):
     assert set(d["baseline"]) == {"accuracy", "mean_margin"}
 
     out2 = tmp_path / "screen.json"
-    code, _, err = run(["screen", "--model", tiny_dir, "--task", "capitals", "--n", "3", "--heads", "L1",
+    code, _, err = run(["screen", "--model", tiny_dir, "--task", "ioi", "--n", "16", "--heads", "L0",
                         "--quiet", "--out", str(out2)], capsys)
     assert code == 0, err
     s = json.loads(out2.read_text())
-    assert [(h["layer"], h["head"]) for h in s["heads"]] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [(h["layer"], h["head"]) for h in s["heads"]] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    # the heads change answers on these items, and the baseline gets some right (so accuracy != its change)
+    assert 0 < s["baseline"]["accuracy"] < 1 and any(h["delta_accuracy"] != 0 for h in s["heads"])
+    # each head's figures against a separate `cel eval --ablate` of that head on the same items
     for h in s["heads"]:
-        assert h["delta_accuracy"] == pytest.approx(h["accuracy"] - s["baseline"]["accuracy"])
-        assert h["delta_margin"] == pytest.approx(h["mean_margin"] - s["baseline"]["mean_margin"])
+        e = tmp_path / "e.json"
+        assert main(["eval", "--model", tiny_dir, "--task", "ioi", "--n", "16", "--ablate",
+                     f"L{h['layer']}H{h['head']}", "--out", str(e)]) == 0
+        ev = json.loads(e.read_text())
+        assert ev["baseline"] == pytest.approx(s["baseline"], abs=1e-5)
+        assert h["accuracy"] == pytest.approx(ev["ablated"]["accuracy"])
+        assert h["mean_margin"] == pytest.approx(ev["ablated"]["mean_margin"], abs=1e-5)
+        assert h["delta_accuracy"] == pytest.approx(ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"])
+        assert h["delta_margin"] == pytest.approx(ev["ablated"]["mean_margin"] - ev["baseline"]["mean_margin"],
+                                                  abs=1e-5)
 
 
 def test_jsonl_task_and_mean_mode(tiny_dir, tmp_path, capsys):
@@ -139,18 +150,63 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
     assert json.loads(out.read_text()) == {"old": True} and not list(tmp_path.glob(".*.tmp"))
 
 
-def test_screen_statistics_and_heldout(tiny_dir, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def harm(tmp_path_factory):
+    """A tiny Llama with one planted harmful head (tiny.HARMFUL_HEAD) and its JSONL items (split fields)."""
+    from tiny import save_harmful
+
+    return save_harmful(tmp_path_factory.mktemp("tiny_harm"))
+
+
+def _eval_head(model, task, split, n, head, tmp_path) -> dict:
+    e = tmp_path / "e.json"
+    assert main(["eval", "--model", model, "--task", task, "--split", split, "--n", str(n), "--ablate", head,
+                 "--out", str(e)]) == 0
+    return json.loads(e.read_text())
+
+
+def _mcnemar_from_evals(evals, n):
+    """Exact McNemar p-values (scipy) and BH q-values (scipy) from separate `cel eval` runs. The baseline gets
+    every item wrong (checked), so an ablated accuracy a means a * n fixes and no breaks."""
+    from scipy.stats import binomtest, false_discovery_control
+
+    ps = []
+    for ev in evals:
+        assert ev["baseline"]["accuracy"] == 0
+        fixes = round(ev["ablated"]["accuracy"] * n)
+        ps.append(binomtest(fixes, fixes, 0.5).pvalue if fixes else 1.0)
+    return ps, list(false_discovery_control(ps, method="bh"))
+
+
+def test_screen_statistics_and_heldout(harm, tmp_path, capsys):
+    """A model with a planted harmful head: exactly that head is a candidate; every head's p- and q-values match
+    scipy on separate `cel eval` runs; only the candidate gets held-out figures, equal to a `cel eval` of it on
+    the held-out split."""
+    from tiny import HARMFUL_HEAD
+
+    model, task = harm
     out = tmp_path / "s.json"
-    code, _, err = run(["screen", "--model", tiny_dir, "--task", "agreement", "--n", "30", "--heads", "L0,L1",
+    code, _, err = run(["screen", "--model", model, "--task", task, "--split", "search", "--n", "20",
                         "--heldout", "--quiet", "--out", str(out)], capsys)
     assert code == 0, err
     d = json.loads(out.read_text())
-    assert "candidate_rule" in d
-    for h in d["heads"]:
+    assert "candidate_rule" in d and len(d["heads"]) == 12
+    assert [(h["layer"], h["head"]) for h in d["heads"] if h["candidate"]] == [HARMFUL_HEAD]
+    evals = [_eval_head(model, task, "search", 20, f"L{h['layer']}H{h['head']}", tmp_path) for h in d["heads"]]
+    ps, qs = _mcnemar_from_evals(evals, 20)
+    for h, ev, p, q in zip(d["heads"], evals, ps, qs):
+        assert h["delta_accuracy"] == pytest.approx(ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"])
+        assert h["p_value"] == pytest.approx(p, rel=1e-9) and h["q_value"] == pytest.approx(q, rel=1e-9)
         assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
         assert h["margin_ci_low"] - 1e-9 <= h["delta_margin"] <= h["margin_ci_high"] + 1e-9
-        assert 0 <= h["p_value"] <= h["q_value"] + 1e-12 <= 1 + 1e-12
         assert ("heldout" in h) == h["candidate"]
+    (best,) = [h for h in d["heads"] if h["candidate"]]
+    assert best["p_value"] == pytest.approx(2 * 0.5 ** 20) and best["margin_ci_low"] > 0
+    held = _eval_head(model, task, "heldout", 20, f"L{best['layer']}H{best['head']}", tmp_path)
+    assert best["heldout"]["accuracy"] == pytest.approx(held["ablated"]["accuracy"]) == 0.75  # 5 items answer "b"
+    held_gain = held["ablated"]["accuracy"] - held["baseline"]["accuracy"]
+    assert best["heldout"]["delta_accuracy"] == pytest.approx(held_gain)
+    assert best["heldout"]["ci_low"] - 1e-9 <= best["heldout"]["delta_accuracy"] <= best["heldout"]["ci_high"] + 1e-9
 
 
 def test_mean_mode_in_every_command(tiny_dir, tmp_path, capsys, monkeypatch):
@@ -195,27 +251,35 @@ def test_mean_mode_in_every_command(tiny_dir, tmp_path, capsys, monkeypatch):
         assert h["heldout"]["ci_low"] - 1e-9 <= h["heldout"]["delta_accuracy"] <= h["heldout"]["ci_high"] + 1e-9
 
 
-def test_screen_confirm_contract(tiny_dir, tmp_path, capsys):
-    """cel screen --confirm C --top K: the top K heads by margin re-tested on C confirm items, exact McNemar,
-    BH over K; figures checked against a separate `cel eval` on the confirm split (another code path)."""
+def test_screen_confirm_contract(harm, tmp_path, capsys):
+    """cel screen --confirm C --top K: the top K heads by margin re-tested on C confirm items. On a model with a
+    planted harmful head, that head is confirmed and the others are not; fixes, breaks, p- and q-values match
+    scipy on separate `cel eval` runs on the confirm split (another code path)."""
+    from tiny import HARMFUL_HEAD
+
+    model, task = harm
     out = tmp_path / "c.json"
-    code, _, err = run(["screen", "--model", tiny_dir, "--task", "agreement", "--n", "10", "--heads", "L0,L1",
-                        "--confirm", "12", "--top", "3", "--quiet", "--out", str(out)], capsys)
+    code, _, err = run(["screen", "--model", model, "--task", task, "--n", "10", "--confirm", "12", "--top", "3",
+                        "--quiet", "--out", str(out)], capsys)
     assert code == 0, err
     d = json.loads(out.read_text())
     c = d["confirm"]
     assert c["n_items"] == 12 and c["fdr"] == 0.1 and len(c["heads"]) == 3
     ranked = sorted(d["heads"], key=lambda h: -h["delta_margin"])[:3]
     assert [h["head"] for h in c["heads"]] == [f"L{h['layer']}H{h['head']}" for h in ranked]
-    for h in c["heads"]:
-        assert h["confirmed"] == (h["q_value"] < 0.1 and h["delta_accuracy"] > 0)
-        assert h["p_value"] <= h["q_value"] + 1e-12
-        assert h["fixes"] - h["breaks"] == round(h["delta_accuracy"] * 12)
-        e = tmp_path / "e.json"
-        assert main(["eval", "--model", tiny_dir, "--task", "agreement", "--split", "confirm", "--n", "12",
-                     "--ablate", h["head"], "--out", str(e)]) == 0
-        ev = json.loads(e.read_text())
-        assert ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"] == pytest.approx(h["delta_accuracy"])
+    assert [h["confirmed"] for h in c["heads"]] == [True, False, False]
+    assert c["heads"][0]["head"] == "L{}H{}".format(*HARMFUL_HEAD)
+    evals = [_eval_head(model, task, "confirm", 12, h["head"], tmp_path) for h in c["heads"]]
+    ps, qs = _mcnemar_from_evals(evals, 12)
+    for h, ev, p, q in zip(c["heads"], evals, ps, qs):
+        assert h["delta_accuracy"] == pytest.approx(ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"])
+        assert (h["fixes"], h["breaks"]) == (round(ev["ablated"]["accuracy"] * 12), 0)
+        assert h["p_value"] == pytest.approx(p, rel=1e-9) and h["q_value"] == pytest.approx(q, rel=1e-9)
+        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+    # by hand: 12 fixes, no breaks: p = 2 / 2^12; BH over 3 heads, the other two at p = 1
+    assert c["heads"][0]["p_value"] == pytest.approx(2 / 2 ** 12)
+    assert c["heads"][0]["q_value"] == pytest.approx(6 / 2 ** 12)
+    assert [h["q_value"] for h in c["heads"][1:]] == [1.0, 1.0]
     assert c["min_detectable_gain"] > 0
 
 
@@ -335,7 +399,8 @@ def dropping_dir(tmp_path_factory):
     ([{"prompt": "q:", "choices": ["a", "b"], "answer": 0}, {"prompt": "~~", "choices": ["a", "b"], "answer": 0}],
      "t.jsonl:2: the prompt has no tokens"),
     ([{"prompt": "q:", "choices": ["a", "~"], "answer": 0}], "t.jsonl:1: continuation '~' adds no tokens"),
-    ([{"prompt": "q:", "target": "x"}, {"prompt": "r:", "target": "~~"}], "t.jsonl:2: continuation '~~' adds no tokens"),
+    ([{"prompt": "q:", "target": "x"}, {"prompt": "r:", "target": "~~"}],
+     "t.jsonl:2: continuation '~~' adds no tokens"),
 ])
 def test_text_without_tokens(dropping_dir, lines, msg, tmp_path, capsys):
     """A prompt, choice or target that the model's tokenizer turns into no tokens: exit 2 naming file and line."""

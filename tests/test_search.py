@@ -86,6 +86,29 @@ def test_bad_input():
         exhaustive([1, 2], lambda sets: [0.0])
 
 
+def _check_search_figures(j, model, task, n, tmp_path):
+    """Each best set's search-split figures against separate `cel eval --ablate` runs on the search split: the
+    set's change in accuracy, the sum of its heads' changes alone, and the interaction (the first minus the
+    second)."""
+    import json
+
+    from cel_utils.cli import main
+
+    def delta(heads):
+        e = tmp_path / "eval.json"
+        assert main(["eval", "--model", model, "--task", task, "--split", "search", "--n", str(n),
+                     "--ablate", ",".join(heads), "--out", str(e)]) == 0
+        ev = json.loads(e.read_text())
+        return ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"]
+
+    for b in j["best"]:
+        s = b["search"]
+        whole, singles = delta(b["heads"]), sum(delta([h]) for h in b["heads"])
+        assert s["delta_accuracy"] == pytest.approx(whole)
+        assert s["sum_of_singles_delta_accuracy"] == pytest.approx(singles)
+        assert s["interaction"] == pytest.approx(whole - singles)
+
+
 def test_cel_search_json(tmp_path, capsys):
     import json
 
@@ -94,9 +117,9 @@ def test_cel_search_json(tmp_path, capsys):
 
     d = save_tiny(tmp_path / "m", "llama")
     scr = tmp_path / "screen.json"
-    assert main(["screen", "--model", d, "--task", "agreement", "--n", "12", "--quiet", "--out", str(scr)]) == 0
+    assert main(["screen", "--model", d, "--task", "ioi", "--n", "16", "--quiet", "--out", str(scr)]) == 0
     out = tmp_path / "search.json"
-    assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(scr), "--pool", "4",
+    assert main(["search", "--model", d, "--task", "ioi", "--n", "16", "--screen", str(scr), "--pool", "4",
                  "--max-size", "2", "--strategy", "exhaustive", "--random-sets", "5", "--out", str(out)]) == 0
     j = json.loads(out.read_text())
     assert j["strategy"] == "exhaustive" and j["n_evaluations"] == 1 + 4 + 6
@@ -106,18 +129,19 @@ def test_cel_search_json(tmp_path, capsys):
         h = b["heldout"]
         assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
         assert 0 <= h["random_percentile"] <= 100
-        s = b["search"]
-        assert s["interaction"] == pytest.approx(s["delta_accuracy"] - s["sum_of_singles_delta_accuracy"])
     assert [len(c["heldout_delta_accuracy"]) for c in j["random_control"]] == [5, 5]
+    # the pair changes the answers that its heads alone do not: a non-zero interaction, checked by `cel eval`
+    assert j["best"][1]["search"]["interaction"] != 0
+    _check_search_figures(j, d, "ioi", 16, tmp_path)
     # a screen of other items is refused before any work: seed 1's search split overlaps seed 0's held-out split
-    for argv, msg in [(["--seed", "1"], "seed = 0"), (["--n", "10"], "n_items = 12")]:
+    for argv, msg in [(["--seed", "1"], "seed = 0"), (["--n", "10"], "n_items = 16")]:
         bad = tmp_path / "bad.json"
-        assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(scr),
+        assert main(["search", "--model", d, "--task", "ioi", "--n", "16", "--screen", str(scr),
                      "--out", str(bad), *argv]) == 2 and not bad.exists()
         assert msg in capsys.readouterr().err
     # a --screen file that is not a screen: exit 2, one line naming the file and the problem, nothing written
     eval_out = tmp_path / "eval.json"
-    assert main(["eval", "--model", d, "--task", "agreement", "--n", "12", "--out", str(eval_out)]) == 0
+    assert main(["eval", "--model", d, "--task", "ioi", "--n", "16", "--out", str(eval_out)]) == 0
     capsys.readouterr()
     for name, text, msg in [("layer.json", '{"heads": [{"layer": "x"}]}', "is not a screen"),
                             ("nohead.json", '{"heads": []}', "is not a screen"),
@@ -130,10 +154,28 @@ def test_cel_search_json(tmp_path, capsys):
         if text is not None:
             f.write_text(text)
         bad = tmp_path / "bad.json"
-        assert main(["search", "--model", d, "--task", "agreement", "--n", "12", "--screen", str(f),
+        assert main(["search", "--model", d, "--task", "ioi", "--n", "16", "--screen", str(f),
                      "--out", str(bad)]) == 2 and not bad.exists(), name
         err = capsys.readouterr().err
         assert f"{f}" in err and msg in err and len(err.strip().splitlines()) == 1, (name, err)
+
+def test_cel_search_sum_of_singles_on_planted_head(tmp_path):
+    """On a model with a planted harmful head, the sum of singles of every best set is that head's gain (1.0 on
+    the search split): checked against separate `cel eval` runs, as are the sets' own changes."""
+    import json
+
+    from cel_utils.cli import main
+    from tiny import HARMFUL_HEAD, save_harmful
+
+    model, task = save_harmful(tmp_path / "m")
+    out = tmp_path / "search.json"
+    assert main(["search", "--model", model, "--task", task, "--n", "12", "--pool", "3", "--max-size", "2",
+                 "--strategy", "exhaustive", "--random-sets", "0", "--out", str(out)]) == 0
+    j = json.loads(out.read_text())
+    harmful = "L{}H{}".format(*HARMFUL_HEAD)
+    assert j["pool"][0] == harmful and all(harmful in b["heads"] for b in j["best"])
+    assert [b["search"]["sum_of_singles_delta_accuracy"] for b in j["best"]] == pytest.approx([1.0, 1.0])
+    _check_search_figures(j, model, task, 12, tmp_path)
 
 
 def test_joint_search_on_tiny_model(tiny_llama):
@@ -149,7 +191,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
 
     lm = tiny_llama
     s, c, h = (load_task("ioi", split, n=n) for split, n in (("search", 16), ("confirm", 40), ("heldout", 40)))
-    pool = parse_heads("L0H0,L0H3,L1H1,L1H2", lm.n_layers, lm.n_heads)
+    pool = parse_heads("L0H0,L1H3,L2H2,L2H3", lm.n_layers, lm.n_heads)  # three confirmed sets (see the end)
     js = joint_search(lm, s, c, h, pool, max_size=3, random_sets=7, random_pools=2, n_explore=12, fdr=1.01,
                       progress=False, n_boot=300)
     t = js.subsets
@@ -159,7 +201,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
     row = t[t["mask"] == 0b1011].iloc[0]
     three = [pool[0], pool[1], pool[3]]
     direct = evaluate_head_sets(lm, encode_task(lm, s), [three], progress=False, use_cache=False)
-    assert row["heads"] == "L0H0,L0H3,L1H2"
+    assert row["heads"] == "L0H0,L1H3,L2H3"
     assert row["search_accuracy"] == pytest.approx(direct.accuracy[0])
     assert row["search_margin"] == pytest.approx(direct.mean_margin[0], abs=1e-4)
     first12 = load_task("ioi", "heldout", n=12)
@@ -199,17 +241,19 @@ def test_joint_search_on_tiny_model(tiny_llama):
     want[order] = holm
     assert b["p_holm"].to_numpy() == pytest.approx(want)
     assert b["interaction"].iloc[0] == pytest.approx(0.0, abs=1e-6)   # one head: nothing to interact with
-    # the choice uses the confirm split only: the confirmed set with the largest confirm gain
-    ok = b[b["confirmed"]]
+    # the choice uses the confirm split only: of the three confirmed sets (gains checked above against direct
+    # evaluations), the one with the largest confirm gain, the middle size: not the first or last confirmed,
+    # nor the best on held-out items
+    assert b["confirmed"].tolist() == [True, True, True]
+    assert b["confirm_delta_accuracy"].to_numpy() == pytest.approx([0.025, 0.075, 0.05])
+    assert b["heldout_delta_accuracy"].iloc[1] < b["heldout_delta_accuracy"].max()
     chosen = js.chosen()
-    assert (chosen is None) == ok.empty
-    if chosen is not None:
-        assert chosen["confirm_delta_accuracy"] == ok["confirm_delta_accuracy"].max()
+    assert chosen["heads"] == "L0H0,L2H3" and chosen["size"] == 2
     assert js.random_control.groupby("size").size().tolist() == [7, 7, 7]
     assert len(js.pool_control) == 2 and 0 <= js.pool_percentile() <= 100
     assert all(len(parse_heads(p)) == 4 for p in js.pool_control["pool"])
     data = js.explorer_data()
-    assert data["pool"] == ["L0H0", "L0H3", "L1H1", "L1H2"] and len(data["subsets"]) == 16 and data["n_heldout"] == 12
+    assert data["pool"] == ["L0H0", "L1H3", "L2H2", "L2H3"] and len(data["subsets"]) == 16 and data["n_heldout"] == 12
 
 
 def test_joint_search_rejects_bad_pools(tiny_llama):

@@ -63,3 +63,82 @@ def save_tiny(folder, family: str = "llama") -> str:
     lm.model.save_pretrained(folder)
     lm.tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+HARMFUL_HEAD = (1, 2)
+
+
+def harm_items(n_per_split: int = 20) -> list[dict]:
+    """Multiple-choice items for :func:`harmful_head_model`: a short random prompt ending in ":", choices "a" and
+    "b" (in either order); each item carries a 'split' field (search, confirm, heldout). The answer is "a",
+    except on every fourth held-out item, where it is "b" (so the held-out split differs from the other two)."""
+    import random
+
+    rng = random.Random(0)
+    prompts: list[str] = []
+    while len(prompts) < 3 * n_per_split:
+        p = "".join(rng.choice(string.ascii_lowercase + " ") for _ in range(rng.randint(4, 10))).strip() + ":"
+        if len(p) > 1 and p not in prompts:
+            prompts.append(p)
+    items = [{"prompt": p, "choices": ["a", "b"] if i % 2 else ["b", "a"], "answer": 0 if i % 2 else 1,
+              "split": ("search", "confirm", "heldout")[i % 3]} for i, p in enumerate(prompts)]
+    for it in [it for it in items if it["split"] == "heldout"][::4]:
+        it["answer"] = 1 - it["answer"]
+    return items
+
+
+def harmful_head_model(items: list[dict], seed: int = 3):
+    """A tiny Llama with one planted harmful head: with every head on, each item of ``items`` is answered wrong
+    (margin about -5); with ``HARMFUL_HEAD`` removed, right (margin about +5). Every other head is made
+    near-silent (output scaled by 0.001), so removing it changes no answer.
+
+    Built from the final hidden states at the read position with and without the head: the unembedding row of
+    "a" is set to the row of "b" plus a direction (least squares) that is positive on the first and negative on
+    the second. Only the logits of "a" and "b" decide these items.
+    """
+    lm = tiny_model("llama", seed=seed)
+    tok, D = lm.tokenizer, lm.head_dim
+    ia, ib = (tok(c)["input_ids"][0] for c in "ab")
+    unembed = lm.model.get_output_embeddings()
+
+    def final_states():
+        got = []
+        hook = unembed.register_forward_pre_hook(lambda m, a: got.append(a[0][0, -1].clone()))
+        try:
+            for it in items:
+                lm.model(input_ids=torch.tensor([tok(it["prompt"])["input_ids"]]))
+        finally:
+            hook.remove()
+        return torch.stack(got)
+
+    with torch.no_grad():
+        for l in range(lm.n_layers):
+            w = lm.out_proj(l).weight
+            for h in range(lm.n_heads):
+                w[:, h * D:(h + 1) * D] *= 4.0 if (l, h) == HARMFUL_HEAD else 0.001
+        with_head = final_states()
+        block = lm.out_proj(HARMFUL_HEAD[0]).weight[:, HARMFUL_HEAD[1] * D:(HARMFUL_HEAD[1] + 1) * D]
+        saved = block.clone()
+        block.zero_()
+        without = final_states()
+        block.copy_(saved)
+        x = torch.cat([without, with_head])
+        y = torch.cat([torch.ones(len(without)), -torch.ones(len(with_head))])
+        d = torch.linalg.lstsq(x, y[:, None]).solution[:, 0]
+        assert (without @ d).min() > 0.5 and (with_head @ d).max() < -0.5, "the two states are not separated"
+        unembed.weight[ia] = unembed.weight[ib] + 5 * d / (without @ d).min()
+    return lm
+
+
+def save_harmful(folder) -> tuple[str, str]:
+    """:func:`harmful_head_model` saved as a local folder, and its items as ``folder/harm.jsonl``."""
+    import json
+    from pathlib import Path
+
+    items = harm_items()
+    lm = harmful_head_model(items)
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    task = Path(folder) / "harm.jsonl"
+    task.write_text("".join(json.dumps(it) + "\n" for it in items))
+    return str(folder), str(task)
