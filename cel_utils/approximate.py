@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, all_heads, head_name, pad_id, pad_right
 from .defaults import (GRADIENT_FORWARD_EQUIVALENTS, GRADIENT_MAX_TOKENS, LASSO_CV, LASSO_MAX_ITER,
-                       LASSO_N_ALPHAS)
+                       LASSO_N_ALPHAS, progress_enabled)
 from .engine import common_prefix, evaluate, evaluate_head_sets, forward_equivalents, prefix_kwargs
 from .scoring import EncodedTask, encode_task, logits_at, read_stats
 from .screening import Screen, plain_screen, screen
@@ -129,7 +129,7 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
     base, dev = lm.model.base_model, lm.device
     handles = _scaling_hooks(lm, mask, ablation)
     try:
-        for items in tqdm(batches, desc="gradient screen", disable=not progress, leave=False):
+        for items in tqdm(batches, desc="gradient screen", disable=not progress_enabled(progress), leave=False):
             seqs = sorted({j for i in items for j in seqs_of_item[i]})
             row = {s: k for k, s in enumerate(seqs)}
             ids, att = pad_right([enc.inputs[s][P:] for s in seqs], pad_id(lm))

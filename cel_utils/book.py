@@ -101,12 +101,25 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
     ``solutions=True`` (the tests) also runs every exercise solution at the end of its chapter: a failing
     solution fails the chapter.
     """
+    out.mkdir(parents=True, exist_ok=True)
+    status = []
+    old_progress = os.environ.get("CEL_PROGRESS")
+    os.environ["CEL_PROGRESS"] = "0"   # the kernels inherit it: no progress bar is left in the rendered pages
+    try:
+        _run_all(out, only, parameters, kernel, solutions, status)
+    finally:
+        if old_progress is None:
+            os.environ.pop("CEL_PROGRESS", None)
+        else:
+            os.environ["CEL_PROGRESS"] = old_progress
+    return _finish(out, status)
+
+
+def _run_all(out, only, parameters, kernel, solutions, status) -> None:
     import tempfile
 
     import papermill as pm
 
-    out.mkdir(parents=True, exist_ok=True)
-    status = []
     for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
         if only and nb.stem not in only:
             continue
@@ -128,6 +141,10 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
         cache_stats = json.loads(rec.read_text()).get("cache", {}) if ok and rec.exists() else {}
         status.append({"notebook": nb.stem, "title": title(nb), "seconds": round(secs, 1), "ok": ok,
                        "cache_hits": cache_stats.get("hits"), "cache_misses": cache_stats.get("misses")})
+
+
+def _finish(out: Path, status: list[dict]) -> list[dict]:
+    """Merge this run's rows into the status file and page; stop if a chapter failed."""
     prev = {}
     sfile = out / "execution_status.json"
     if sfile.exists():

@@ -6,6 +6,8 @@ Example:
     (2000, 0.1)
 """
 
+import os
+
 # Engine: padded tokens per forward pass (bounds memory). The gradient screen keeps activations for the
 # backward pass, so it takes half as many tokens per batch.
 MAX_TOKENS = 8192
@@ -47,3 +49,9 @@ def candidate_rule(fdr: float = FDR) -> str:
     """
     return (f"delta_accuracy > 0 and q_value < {fdr:g} (exact McNemar test on fixes and breaks, "
             "Benjamini-Hochberg over screened heads) and margin_ci_low > 0")
+
+
+def progress_enabled(progress: bool = True) -> bool:
+    """Whether to draw a progress bar: ``progress``, unless ``CEL_PROGRESS=0`` (set while the book's chapters
+    are executed, so that no bar is left in the rendered pages; a live notebook still shows them)."""
+    return bool(progress) and os.environ.get("CEL_PROGRESS", "1") != "0"

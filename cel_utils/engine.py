@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from . import cache
 from .ablation import Ablation, Head, HeadAblator, pad_id, pad_right, row_masks
-from .defaults import MAX_TOKENS
+from .defaults import MAX_TOKENS, progress_enabled
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
 
 
@@ -222,7 +222,8 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     prefix = common_prefix(enc) if share_prefix else []
     P = len(prefix)
     batches, plan, unablated = _plan(lm, enc, head_sets, max_tokens, P)
-    bar = tqdm(total=len(batches) + sum(map(len, plan)), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(total=len(batches) + sum(map(len, plan)), desc=desc, disable=not progress_enabled(progress),
+               leave=False)
     base = lm.model.base_model
     dev = lm.device
     ablator = HeadAblator(lm, mode=ablation.mode, means=ablation.means).attach()

@@ -25,7 +25,8 @@ from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
 from .compare import compare_sets, paired_table
-from .defaults import ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS
+from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS,
+                       progress_enabled)
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
 from .stats import confirm_decisions, min_detectable_gain
@@ -140,7 +141,7 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Abla
     try:
         base = plain_evaluate(lm, enc, (), batch_size=batch_size, ablator=ablator)
         outs = [plain_evaluate(lm, enc, [h], batch_size=batch_size, ablator=ablator)
-                for h in tqdm(heads, desc="plain loop", disable=not progress, leave=False)]
+                for h in tqdm(heads, desc="plain loop", disable=not progress_enabled(progress), leave=False)]
     finally:
         ablator.detach()
     secs = time.perf_counter() - t0

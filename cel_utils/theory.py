@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .defaults import THEORY_EFFECT
+from .defaults import THEORY_EFFECT, progress_enabled
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: in
     from tqdm.auto import tqdm
 
     rows = []
-    for H in tqdm(heads, desc="sweep over head counts", disable=not progress):
+    for H in tqdm(heads, desc="sweep over head counts", disable=not progress_enabled(progress)):
         r = train(n_heads=H, sigma=list(sigmas), seeds=range(n_seeds), steps=steps, lr=lr, setup=setup,
                   record_every=steps)
         eff = r.effects()
