@@ -191,15 +191,17 @@ def _write_status_page(out: Path, rows: list[dict]) -> None:
         h, m = r.get("cache_hits"), r.get("cache_misses")
         if h is None:
             return "not recorded"
-        return "all from the cache" if h and not m else ("computed" if not h else f"{h} of {h + m} from the cache")
+        return "no cached results" if h + m == 0 else f"{h} of {h + m} reused"
 
     lines = ["# Execution status", "",
              "Every chapter is executed with papermill at its default parameters before the book is built "
              f"(`make book`). This copy was built on {env['date']} from commit `{env['commit']}` on "
              f"{env['machine']}, Python {env['python']}; times are wall-clock on that machine. A result read back "
              "from the result cache costs almost nothing, so a chapter's time depends on what an earlier run "
-             "left in the cache (the *results* column).", "",
-             "| chapter | run time | results | status |", "|---|---|---|---|"]
+             "left in the cache: the *cached results* column counts how many of the results a chapter looked up "
+             "in the result cache an earlier run had already computed (work that is never cached is not "
+             "counted).", "",
+             "| chapter | run time | cached results | status |", "|---|---|---|---|"]
     for r in rows:
         lines.append(f"| [{r.get('title', r['notebook'])}]({r['notebook']}.ipynb) | {_minutes(r['seconds'])} | "
                      f"{cached(r)} | {'ok' if r['ok'] else 'FAILED'} |")

@@ -391,7 +391,8 @@ def summarise_effects(eff) -> dict:
     return {"best_dloss_a": float(d.mean()), "best_dloss_a_sd": float(d.std(ddof=0)),
             "best_dloss_a_min": float(d.min()), "best_dloss_a_max": float(d.max()),
             "best_dacc_a": float(a.mean()), "best_dacc_a_min": float(a.min()), "best_dacc_a_max": float(a.max()),
-            "runner_up_dloss_a": float(ru.mean()), "runner_up_dloss_a_min": float(ru.min())}
+            "runner_up_dloss_a": float(ru.mean()), "runner_up_dloss_a_min": float(ru.min()),
+            "runs_helped": int((d < -THEORY_EFFECT).sum())}  # runs where some head's removal helps A
 
 
 CONTROLS = {
