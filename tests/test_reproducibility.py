@@ -27,13 +27,11 @@ def test_same_command_same_bytes(model_dir, tmp_path):
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "CEL_CACHE_DIR"}
-    outs = []
-    for i in range(2):
-        out = tmp_path / f"run{i}.json"
-        subprocess.run([sys.executable, "-m", "cel_utils.cli", "screen", "--model", model_dir, "--task", "addition",
-                        "--n", "5", "--quiet", "--no-cache", "--out", str(out)], check=True, env=env,
-                       cwd=str(tmp_path))
-        outs.append(out)
+    outs = [tmp_path / f"run{i}.json" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-m", "cel_utils.cli", "screen", "--model", model_dir, "--task",
+                               "addition", "--n", "5", "--quiet", "--no-cache", "--out", str(out)], env=env,
+                              cwd=str(tmp_path)) for out in outs]   # two processes at once: nothing shared
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
     a, b = (_strip_timing(o) for o in outs)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     raw = [o.read_text().split('"timing"')[0] for o in outs]

@@ -84,13 +84,6 @@ def test_saddle_to_saddle_plateau(trained):
     assert loss[-1] < single - 0.03
 
 
-def test_negative_control_scalar_values_spread():
-    r = th.train(n_heads=4, sigma=1e-4, seeds=range(6), steps=4000, value="scalar", record_every=4000)
-    f = th.train(n_heads=4, sigma=1e-4, seeds=range(6), steps=4000, record_every=4000)
-    assert r.gaps.max() < 1e-6
-    assert r.c_shares.mean() < f.c_shares.mean() - 0.2
-
-
 def test_negative_control_weak_conflict():
     W, _ = th.optimum(th.WEAK_CONFLICT)
     assert W[2] > 0
@@ -105,14 +98,15 @@ def test_negative_control_weak_conflict():
 def test_sweep_records_the_effect_not_only_its_concentration():
     """The sweep's per-cell effect equals the ablations of the same runs trained one at a time (a second path:
     separate runs instead of one vectorised batch, ablation read from Run.ablation)."""
-    df = th.sweep(sigmas=(1e-4, 1.0), heads=(2,), n_seeds=3, steps=4000)
+    df = th.sweep(sigmas=(1e-2, 1.0), heads=(2,), n_seeds=2, steps=1500)
     assert {"best_dloss_a", "best_dacc_a", "runner_up_dloss_a", "best_dloss_a_min", "best_dloss_a_max"} <= set(df)
-    for sig in (1e-4, 1.0):
-        best = [min(x["delta_loss_a"] for x in th.run(n_heads=2, sigma=sig, seed=k, steps=4000).ablation())
-                for k in range(3)]
+    for sig in (1e-2, 1.0):
+        best = [min(x["delta_loss_a"] for x in th.run(n_heads=2, sigma=sig, seed=k, steps=1500).ablation())
+                for k in range(2)]
         row = df[df.sigma == sig].iloc[0]
         assert row.best_dloss_a == pytest.approx(np.mean(best), abs=1e-9)
         assert row.best_dloss_a_min == pytest.approx(min(best), abs=1e-9)
+        assert row.runs_helped == sum(b < -th.THEORY_EFFECT for b in best)
 
 
 def test_controls_measure_the_effect():
@@ -123,6 +117,7 @@ def test_controls_measure_the_effect():
     model, large = c.loc["the model (factored values, small init)"], c.loc["large initialization (sigma = 1)"]
     scalar, weak = c.loc["(a) one value scalar per head"], c.loc["(b) weak conflict"]
     assert weak.best_dloss_a_min > -1e-3 and weak.W_star_C > 0
+    assert weak.runs_helped == 0 and model.runs_helped == model.runs   # tiny residual changes do not count
     assert model.best_dloss_a_max < -0.15 and model.runner_up_dloss_a_min > -0.01
     assert scalar.best_dloss_a_max < -0.15 and scalar.runner_up_dloss_a_min < -0.05
     assert large.c_share < model.c_share - 0.1 and large.best_dloss_a < -0.05
