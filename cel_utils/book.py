@@ -295,7 +295,28 @@ def build(root: Path = ROOT, strict: bool = True) -> Path:
     r = subprocess.run(cmd, cwd=root, env=env)
     if r.returncode != 0:
         raise SystemExit(f"jupyter-book build failed with status {r.returncode}")
-    return root / "_build" / "html"
+    html = root / "_build" / "html"
+    for page in html.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        cleaned = strip_thebe(text)
+        if cleaned != text:
+            page.write_text(cleaned, encoding="utf-8")
+    return html
+
+
+THEBE = re.compile(r'[ \t]*(<script>const THEBE_JS_URL = [^<]*</script>|<script[^>]*sphinx-thebe\.js[^>]*></script>'
+                   r'|<link[^>]*sphinx-thebe\.css[^>]*/>)\n?')
+
+
+def strip_thebe(html: str) -> str:
+    """Remove the live-code (thebe) loader that jupyter-book adds to every page: this book runs no kernel in the
+    page, and the loader names a script on a public CDN.
+
+    Example:
+        >>> strip_thebe('<script>const THEBE_JS_URL = "https://x/y.js"; const a = 1</script>\\n<p>kept</p>')
+        '<p>kept</p>'
+    """
+    return THEBE.sub("", html)
 
 
 def expected_chapters() -> list[str]:

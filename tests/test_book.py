@@ -313,6 +313,7 @@ def test_book_builds_offline(built):
         assert not external, f"{p.name} requests {external}"
         text = p.read_text(encoding="utf-8")
         assert "cdn.jsdelivr" not in text and "cdnjs" not in text
+        assert "unpkg.com" not in text and "THEBE_JS_URL" not in text   # not even an unused script reference
     assert (built / "_static" / "vendor" / "plotly.min.js").exists()
     assert (built / "_static" / "vendor" / "mathjax" / "tex-chtml.js").exists()
 
