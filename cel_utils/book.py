@@ -101,25 +101,21 @@ def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dic
     ``solutions=True`` (the tests) also runs every exercise solution at the end of its chapter: a failing
     solution fails the chapter.
     """
+    from unittest import mock
+
     out.mkdir(parents=True, exist_ok=True)
-    status = []
-    old_progress = os.environ.get("CEL_PROGRESS")
-    os.environ["CEL_PROGRESS"] = "0"   # the kernels inherit it: no progress bar is left in the rendered pages
-    try:
-        _run_all(out, only, parameters, kernel, solutions, status)
-    finally:
-        if old_progress is None:
-            os.environ.pop("CEL_PROGRESS", None)
-        else:
-            os.environ["CEL_PROGRESS"] = old_progress
+    # the kernels inherit CEL_PROGRESS=0: no progress bar is left in the rendered pages
+    with mock.patch.dict(os.environ, {"CEL_PROGRESS": "0"}):
+        status = _run_all(out, only, parameters, kernel, solutions)
     return _finish(out, status)
 
 
-def _run_all(out, only, parameters, kernel, solutions, status) -> None:
+def _run_all(out, only, parameters, kernel, solutions) -> list[dict]:
     import tempfile
 
     import papermill as pm
 
+    status = []
     for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
         if only and nb.stem not in only:
             continue
@@ -141,6 +137,7 @@ def _run_all(out, only, parameters, kernel, solutions, status) -> None:
         cache_stats = json.loads(rec.read_text()).get("cache", {}) if ok and rec.exists() else {}
         status.append({"notebook": nb.stem, "title": title(nb), "seconds": round(secs, 1), "ok": ok,
                        "cache_hits": cache_stats.get("hits"), "cache_misses": cache_stats.get("misses")})
+    return status
 
 
 def _finish(out: Path, status: list[dict]) -> list[dict]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .theory import DEFAULT, Setup, train
+from .theory import DEFAULT, Setup, joint_loss, train
 
 
 def loss_gradient(W, setup: Setup = DEFAULT) -> np.ndarray:
@@ -54,8 +54,6 @@ def plateau(setup: Setup = DEFAULT) -> tuple[np.ndarray, float]:
     single head can do when both of those weights are positive (checked against
     :func:`cel_utils.theory.best_single_head_loss` in the tests).
     """
-    from .theory import joint_loss
-
     c, rho = setup.counts, setup.rho
     keep = [0, 1]
     R = rho[:, keep] * c[keep]  # [task, kept type]
@@ -80,12 +78,18 @@ def rates(setup: Setup = DEFAULT, lr: float = 0.5) -> dict:
             "slope_escape": float(1 / lam1), "slope_plateau": float((1 + lam_d / lam1) / lam2)}
 
 
+def _others_d(a0, b0) -> tuple[np.ndarray, np.ndarray]:
+    """The predicted winner (largest ``|a + b|``) and every head's ``|a - b|`` with the winner's set to -inf."""
+    s, d = np.abs(np.asarray(a0) + b0), np.abs(np.asarray(a0) - b0)
+    winner = s.argmax(-1)
+    d[np.arange(len(d)), winner] = -np.inf
+    return winner, d
+
+
 def carrier_margin(a0, b0) -> np.ndarray:
     """How clearly the initial weights decide the C-carrier: the largest ``|a - b|`` among the heads other than
     the predicted winner divided by the second largest (1 = a tie; needs at least three heads, else inf)."""
-    s, d = np.abs(np.asarray(a0) + b0), np.abs(np.asarray(a0) - b0)
-    d = d.copy()
-    d[np.arange(len(d)), s.argmax(-1)] = -np.inf
+    _, d = _others_d(a0, b0)
     top = np.sort(d, -1)[:, ::-1]
     return top[:, 0] / top[:, 1] if d.shape[-1] > 2 else np.full(len(d), np.inf)
 
@@ -93,10 +97,7 @@ def carrier_margin(a0, b0) -> np.ndarray:
 def predict_heads(a0, b0) -> tuple[np.ndarray, np.ndarray]:
     """Predicted winner (largest ``|a + b|``) and C-carrier (largest ``|a - b|`` among the other heads) from the
     initial output and value weights ``a0, b0 [runs, head]``."""
-    s, d = np.abs(np.asarray(a0) + b0), np.abs(np.asarray(a0) - b0)
-    winner = s.argmax(-1)
-    d = d.copy()
-    d[np.arange(len(d)), winner] = -np.inf
+    winner, d = _others_d(a0, b0)
     return winner, d.argmax(-1)
 
 

@@ -20,8 +20,7 @@ import numpy as np
 import pandas as pd
 
 # words in column names that read better spelled out; everything else: underscores become spaces
-WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "ci": "95% CI", "q": "q",
-         "p": "p", "mde": "min. detectable gain", "n": "n"}
+WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "ci": "95% CI"}
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction")
 
 
@@ -51,8 +50,7 @@ def cell(value, column: str = "", digits: int = 3) -> str:
         if v != 0 and abs(v) < 10 ** -digits:
             return f"{v:+.1e}" if any(s in column for s in SIGNED) else f"{v:.1e}"
         return f"{v:+.{digits}f}" if any(s in column for s in SIGNED) else f"{v:.{digits}f}"
-    text = str(value)
-    return text
+    return str(value)
 
 
 def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str] | None = None,

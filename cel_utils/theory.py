@@ -245,12 +245,7 @@ class Run:
 
     def best_head_for_a(self) -> np.ndarray:
         """Per run: the head whose ablation lowers task A's loss the most (or -1 if none lowers it)."""
-        out = []
-        for r in range(len(self.sigma)):
-            abl = self.ablation(r)
-            d = np.array([x["delta_loss_a"] for x in abl])
-            out.append(int(d.argmin()) if d.min() < 0 else -1)
-        return np.array(out)
+        return best_head_for_a(self.effects())
 
     def best_ablation(self, run: int = 0) -> dict:
         """The single-head ablation that lowers task A's loss the most, and the runner-up (the best other head).
@@ -260,7 +255,7 @@ class Run:
         """
         abl = self.ablation(run)
         d = np.array([x["delta_loss_a"] for x in abl])
-        order = np.argsort(d)
+        order = np.argsort(d, kind="stable")  # ties: the first head, as argmin
         best = abl[order[0]]
         return {"best_head": int(order[0]), "best_delta_loss_a": best["delta_loss_a"],
                 "best_delta_acc_a": best["delta_acc_a"], "best_delta_loss_b": best["delta_loss_b"],
@@ -369,7 +364,7 @@ def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: in
         r = train(n_heads=H, sigma=list(sigmas), seeds=range(n_seeds), steps=steps, lr=lr, setup=setup,
                   record_every=steps)
         eff = r.effects()
-        best = r.best_head_for_a()
+        best = best_head_for_a(eff)
         for i, s in enumerate(sigmas):
             sl = slice(i * n_seeds, (i + 1) * n_seeds)
             e = eff.iloc[sl]
@@ -382,6 +377,11 @@ def sweep(sigmas=(1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0), heads=(2, 4, 8), n_seeds: in
                          "max_gap": float(r.gaps[sl].max()),
                          "not_converged": int((r.gaps[sl] > 1e-6).sum())})
     return pd.DataFrame(rows)
+
+
+def best_head_for_a(eff) -> np.ndarray:
+    """From rows of :meth:`Run.effects`: each run's best head for task A, or -1 where no removal lowers A's loss."""
+    return np.where(eff["best_delta_loss_a"].to_numpy() < 0, eff["best_head"].to_numpy(), -1)
 
 
 def summarise_effects(eff) -> dict:
