@@ -1,15 +1,18 @@
 """Tables for people: one helper that formats every table a chapter shows.
 
 :func:`table` turns a tidy DataFrame into HTML with readable headers, a fixed number of digits, confidence
-intervals as ``[low, high]``, no index, and a wrapper that scrolls sideways inside the text column instead of
-being cut off.
+intervals as ``[low, high]`` (a ``*ci_low`` column next to its ``*ci_high`` is found by itself), no 0..n index
+(a named index becomes a column), empty cells instead of NaN, text that wraps at spaces, and a wrapper that
+scrolls sideways inside the text column instead of being cut off.
 
 Example:
     >>> import pandas as pd
     >>> from cel_utils.tables import table
-    >>> df = pd.DataFrame({"head": ["L13H0"], "delta_accuracy": [0.19], "ci_low": [0.13], "ci_high": [0.25]})
-    >>> "[+0.130, +0.250]" in table(df, ci={"ci_low": "ci_high"}).data
-    True
+    >>> df = pd.DataFrame({"head": ["L13H0"], "delta_accuracy": [0.19], "ci_low": [0.13], "ci_high": [0.25],
+    ...                    "sigma": [1e-6]})
+    >>> html = table(df, formats={"sigma": "{:g}"}).data
+    >>> "[+0.130, +0.250]" in html, "<th>change in accuracy</th>" in html, "<td>1e-06</td>" in html
+    (True, True, True)
 """
 
 from __future__ import annotations
@@ -20,18 +23,23 @@ import numpy as np
 import pandas as pd
 
 # words in column names that read better spelled out; everything else: underscores become spaces
-WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "ci": "95% CI"}
+WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "dacc": "change in accuracy",
+         "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%"}
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction")
 
 
 def header(name: str) -> str:
     """A readable column header: ``delta_accuracy`` -> ``change in accuracy``, ``p_holm`` -> ``p (Holm)``."""
-    special = {"p_holm": "p (Holm)", "q_value": "q (BH)", "p_value": "p", "mde": "min. detectable gain"}
+    special = {"p_holm": "p (Holm)", "q_value": "q (BH)", "p_value": "p", "ci_low": "95% CI"}
     if name in special:
         return special[name]
     words = str(name).replace("heldout", "held-out").split("_")
     if len(words) > 1 and words[-1] == "delta":  # heldout_delta -> held-out change
         return " ".join(words[:-1]) + " change"
+    if words[-2:] == ["ci", "low"]:                # together_ci_low -> together 95% CI
+        return " ".join(words[:-2] + ["95% CI"])
+    if words[-2:] == ["q", "value"] or words[-2:] == ["p", "value"]:   # confirm_q_value -> confirm q
+        return " ".join(words[:-2] + [words[-2]])
     return " ".join(WORDS.get(w, w) for w in words)
 
 
@@ -54,34 +62,43 @@ def cell(value, column: str = "", digits: int = 3) -> str:
 
 
 def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str] | None = None,
-          digits: int = 3, rename: dict[str, str] | None = None, caption: str | None = None):
+          digits: int = 3, rename: dict[str, str] | None = None, caption: str | None = None,
+          formats: dict | None = None):
     """``df`` as an HTML table for the book (an ``IPython.display.HTML``).
 
     ``columns`` picks and orders columns; ``ci`` maps a low column to its high column, shown together as
-    ``[low, high]`` in the low column's place; ``rename`` overrides headers.
+    ``[low, high]`` in the low column's place (default: every ``*ci_low`` column whose ``*ci_high`` exists);
+    ``rename`` overrides headers; ``formats`` maps a column to a format string (``"{:g}"``) or a function.
     """
     from html import escape
 
     from IPython.display import HTML
 
-    ci = ci or {}
+    if not isinstance(df.index, pd.RangeIndex) or df.index.name is not None:
+        df = df.reset_index()   # a meaningful index (a groupby's keys) is a column like the others
+    if ci is None:
+        ci = {c: c[:-3] + "high" for c in df.columns if str(c).endswith("ci_low") and c[:-3] + "high" in df.columns}
     cols = [c for c in (columns or list(df.columns)) if c not in ci.values()]
-    rename = rename or {}
-    heads = [rename.get(c, "95% CI" if c in ci else header(c)) for c in cols]
+    rename, formats = rename or {}, formats or {}
+    heads = [rename.get(c, header(c)) for c in cols]
     rows = []
     for _, r in df.iterrows():
         cells = []
-        for c in cols:
+        for i, c in enumerate(cols):
             if c in ci:
                 lo, hi = r[c], r[ci[c]]
-                ref = next((x for x in cols if x not in ci and x.startswith(("delta", "heldout_delta", "cost"))), c)
+                ref = cols[i - 1] if i and cols[i - 1] not in ci else "delta"   # signed like the estimate before it
                 txt = "" if pd.isna(lo) else f"[{cell(lo, ref, digits)}, {cell(hi, ref, digits)}]"
+            elif c in formats and not (isinstance(r[c], float) and np.isnan(r[c])):
+                f = formats[c]
+                txt = f(r[c]) if callable(f) else f.format(r[c])
             else:
                 txt = cell(r[c], c, digits)
             cells.append(f"<td>{escape(txt)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
-    html = ('<div class="cel-table" style="overflow-x:auto; max-width:100%;"><table class="dataframe">' + cap +
+    html = ('<div class="cel-table" style="overflow-x:auto; max-width:100%;">'
+            '<table class="dataframe" style="white-space:normal; word-break:normal; overflow-wrap:normal;">' + cap +
             "<thead><tr>" + "".join(f"<th>{escape(h)}</th>" for h in heads) + "</tr></thead><tbody>" +
             "".join(rows) + "</tbody></table></div>")
     return HTML(html)
