@@ -49,21 +49,63 @@ def setup() -> None:
 
 setup()
 
+# readable names of the values the figures show (axis and colour-bar titles); others via tables.header
+LABELS = {"delta_margin": "change in mean margin", "delta_accuracy": "change in accuracy",
+          "search_delta": "change in accuracy, search split", "heldout_delta": "change in accuracy, held-out",
+          "search_delta_accuracy": "change in accuracy, search split",
+          "c_share": "C-share", "best_dloss_a": "best change in A's loss",
+          "best_dacc_a": "best change in A's accuracy", "single_c_head": "runs with one C-carrier"}
+
+
+def label(value: str) -> str:
+    """A readable name for a column shown in a figure: ``label("delta_margin")`` -> ``change in mean margin``."""
+    from .tables import header
+
+    return LABELS.get(value, header(value))
+
+
+_label = label   # for functions whose parameter is called ``label``
+
+
+def fit(text: str, width: int, size: int = 14) -> str:
+    """``text`` broken into lines (plotly ``<br>``) that fit ``width`` pixels at font ``size``: titles are not
+    clipped by narrow figures."""
+    import textwrap
+
+    chars = max(12, int((width - 90) / (0.55 * size)))
+    return "<br>".join(textwrap.wrap(text, chars)) if "<br>" not in text else text
+
+
+def clipped_bars(y, low, high, bounds=(-1.0, 1.0)) -> dict:
+    """Plotly ``error_y`` for intervals ``[low, high]`` around ``y``, clipped to the metric's range ``bounds``
+    (scalars or arrays, e.g. ``(-baseline, 1 - baseline)`` for a change in accuracy)."""
+    y, lo, hi = (np.asarray(a, float) for a in (y, low, high))
+    lo, hi = np.maximum(lo, bounds[0]), np.minimum(hi, bounds[1])
+    return dict(type="data", symmetric=False, array=np.maximum(hi - y, 0), arrayminus=np.maximum(y - lo, 0),
+                thickness=1, visible=True)
+
 
 def head_heatmap(table: pd.DataFrame, value: str, n_layers: int, n_heads: int, title: str | None = None,
-                 zmid: float = 0.0) -> go.Figure:
-    """Layer x head heatmap of a per-head value (e.g. ``delta_accuracy``) from a screen table."""
+                 zmid: float = 0.0, zlim: float | None = None) -> go.Figure:
+    """Layer x head heatmap of a per-head value (e.g. ``delta_accuracy``) from a screen table.
+
+    The colour scale is symmetric around ``zmid``; pass the same ``zlim`` to heatmaps that are compared."""
     z = np.full((n_layers, n_heads), np.nan)
     for r in table.itertuples():
         z[int(r.layer), int(r.head_index)] = getattr(r, value)
-    lim = float(np.nanmax(np.abs(z - zmid))) if np.isfinite(z).any() else 1.0
+    if zlim is None:
+        zlim = float(np.nanmax(np.abs(z - zmid))) if np.isfinite(z).any() else 1.0
+    zlim = zlim or 1.0
+    width = max(560, 60 * n_heads + 240)
     fig = go.Figure(go.Heatmap(
         z=z, x=[f"H{h}" for h in range(n_heads)], y=[f"L{l}" for l in range(n_layers)],
-        colorscale="RdBu", zmid=zmid, zmin=zmid - lim, zmax=zmid + lim, colorbar=dict(title=value),
-        hovertemplate="%{y} %{x}<br>" + value + " = %{z:.3f}<extra></extra>"))
-    fig.update_layout(title=title or f"{value} when each head is ablated alone (blue: removal helps)",
+        colorscale="RdBu", zmid=zmid, zmin=zmid - zlim, zmax=zmid + zlim,
+        colorbar=dict(title=dict(text=fit(label(value), 150), side="right")),
+        hovertemplate="%{y} %{x}<br>" + label(value) + " = %{z:+.3f}<extra></extra>"))
+    text = title or f"{label(value)} when each head is ablated alone (blue: removal helps)"
+    fig.update_layout(title=dict(text=fit(text, width), font=dict(size=14)),
                       yaxis=dict(autorange="reversed", title="layer"), xaxis=dict(title="head"),
-                      height=max(320, 18 * n_layers + 120), width=max(420, 60 * n_heads + 220))
+                      height=max(320, 18 * n_layers + 140), width=width)
     return fig
 
 
@@ -71,28 +113,51 @@ def effect_distribution(table: pd.DataFrame, value: str = "delta_margin", title:
     """Histogram of per-head effects: most heads sit at zero; a few hurt; a few help."""
     fig = go.Figure(go.Histogram(x=table[value], nbinsx=60, marker_color="#4C72B0"))
     fig.add_vline(x=0, line_dash="dash", line_color="grey")
-    fig.update_layout(title=title or f"distribution of {value} over heads", xaxis_title=value,
+    fig.update_layout(title=title or f"distribution of the {label(value)} over heads", xaxis_title=label(value),
                       yaxis_title="heads", height=320)
     return fig
 
 
 def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldout_delta",
                       label: str = "head", title: str | None = None,
-                      err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high") -> go.Figure:
-    """Scatter of a gain on the search split against the same gain on held-out items, with the diagonal."""
+                      err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high",
+                      n_labels: int = 5, baseline: str = "baseline_accuracy") -> go.Figure:
+    """Scatter of a gain on the search split against the same gain on held-out items, with the diagonal.
+
+    At most ``n_labels`` points are labelled, the largest held-out changes first and none whose label would
+    overlap another's (every point has its name on hover); CIs are clipped to what a change in accuracy can
+    be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else ``[-1, 1]``)."""
+    df = df.reset_index(drop=True)
     kw = {}
     if err_low and err_low in df and err_high in df:
-        kw["error_y"] = dict(type="data", symmetric=False, array=df[err_high] - df[y],
-                             arrayminus=df[y] - df[err_low], thickness=1)
-    fig = go.Figure(go.Scatter(x=df[x], y=df[y], mode="markers+text", text=df[label], textposition="top center",
-                               marker=dict(size=9), **kw))
-    lo = float(min(df[x].min(), df[y].min(), 0)) - 0.02
+        bounds = (-df[baseline], 1 - df[baseline]) if baseline in df else (-1.0, 1.0)
+        kw["error_y"] = clipped_bars(df[y], df[err_low], df[err_high], bounds)
+    # label the largest changes first, each above or below its point, running right or left, wherever its box
+    # (in shares of the plot) overlaps no label placed before it; a point with no free place is not labelled
+    lo = float(min(df[x].min(), df[y].min(), 0)) - 0.02      # both axes span [lo, hi] (the diagonal)
     hi = float(max(df[x].max(), df[y].max(), 0)) + 0.02
+    nx, ny = (df[x].astype(float) - lo) / (hi - lo), (df[y].astype(float) - lo) / (hi - lo)
+    placed, pos = [], {}
+    for i in df[y].abs().sort_values(ascending=False).index[:4 * n_labels]:
+        w = 6.5 * len(str(df.at[i, label])) / 700            # the label's width as a share of the plot's
+        for v, h in (("top", "right"), ("bottom", "right"), ("top", "left"), ("bottom", "left")):
+            x0 = nx[i] if h == "right" else nx[i] - w
+            cy = ny[i] + (0.05 if v == "top" else -0.05)
+            if len(pos) < n_labels and 0 <= x0 and x0 + w <= 1 and all(
+                    x0 + w < a0 or x0 > a0 + aw or abs(cy - ay) > 0.07 for a0, aw, ay in placed):
+                placed.append((x0, w, cy))
+                pos[i] = f"{v} {h}"
+                break
+    text = [df.at[i, label] if i in pos else "" for i in df.index]
+    pos = [pos.get(i, "top right") for i in df.index]
+    fig = go.Figure(go.Scatter(x=df[x], y=df[y], mode="markers+text", text=text, textposition=pos,
+                               hovertext=df[label], textfont=dict(size=11), marker=dict(size=9),
+                               hovertemplate="%{hovertext}<br>%{x:+.3f}, %{y:+.3f}<extra></extra>", **kw))
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dash", color="grey"),
                              name="held-out = search", hoverinfo="skip"))
     fig.add_hline(y=0, line_color="lightgrey")
-    fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=x,
-                      yaxis_title=y, showlegend=False, height=420)
+    fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=_label(x),
+                      yaxis_title=_label(y), showlegend=False, height=440)
     return fig
 
 
@@ -158,11 +223,12 @@ def theory_slider(run, index: int = 0, n_frames: int = 40) -> go.Figure:
     fig = go.Figure(data=bars(picks[0]), frames=[go.Frame(data=bars(i), name=str(int(steps[i]))) for i in picks])
     klim = float(np.abs(run.history["kappa"][:, index]).max()) * 1.1 + 1e-9
     fig.update_layout(
-        barmode="stack", title="training, step by step (drag the slider)", height=460,
+        barmode="stack", title=dict(text="training, step by step (drag the slider)", y=0.97), height=520,
         yaxis=dict(title="attention mass", range=[0, 1]),
         yaxis2=dict(title="kappa_h", overlaying="y", side="right", range=[-klim, klim], showgrid=False),
-        legend=dict(orientation="h", y=-0.25),
-        sliders=[dict(active=0, currentvalue=dict(prefix="step "), pad=dict(t=40),
+        # the legend sits above the plot: below it, it would cover the slider's track
+        legend=dict(orientation="h", x=0, y=1.02, yanchor="bottom"), margin=dict(t=110),
+        sliders=[dict(active=0, currentvalue=dict(prefix="step "), pad=dict(t=50),
                       steps=[dict(label=str(int(steps[i])), method="animate",
                                   args=[[str(int(steps[i]))], dict(mode="immediate", frame=dict(duration=0, redraw=True),
                                                                    transition=dict(duration=0))]) for i in picks])])
@@ -173,8 +239,6 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = 
     """A sweep column by initialization scale (x) and number of heads (y). C-share and fractions on [0, 1];
     a change in loss on a diverging scale centred at zero."""
     piv = df.pivot(index="heads", columns="sigma", values=value)
-    labels = {"c_share": "C-share", "best_dloss_a": "best change in A's loss",
-              "best_dacc_a": "best change in A's accuracy", "single_c_head": "runs with one C-carrier"}
     if value.startswith(("best_dloss", "best_dacc", "runner_up")):
         lim = float(np.nanmax(np.abs(piv.values))) or 1.0
         scale = dict(colorscale="RdBu" if "dacc" in value else "RdBu_r", zmin=-lim, zmax=lim)
@@ -182,8 +246,8 @@ def sweep_heatmap(df: pd.DataFrame, value: str = "c_share", title: str | None = 
         scale = dict(colorscale="Viridis", zmin=0, zmax=1)
     fig = go.Figure(go.Heatmap(z=piv.values, x=[f"{s:g}" for s in piv.columns], y=[f"H={h}" for h in piv.index],
                                text=np.round(piv.values, 3), texttemplate="%{text}",
-                               colorbar=dict(title=labels.get(value, value)), **scale))
-    fig.update_layout(title=title or f"{labels.get(value, value)} by initialization scale and number of heads",
+                               colorbar=dict(title=fit(label(value), 160)), **scale))
+    fig.update_layout(title=title or f"{label(value)} by initialization scale and number of heads",
                       xaxis_title="initialization scale sigma", yaxis_title="heads", height=320)
     return fig
 
@@ -199,9 +263,9 @@ def search_trajectory(js, title: str | None = None) -> go.Figure:
     for col, name in (("search_delta_accuracy", "search split (chosen here)"),
                       ("confirm_delta_accuracy", "confirm split"), ("heldout_delta_accuracy", "held-out")):
         kw = {}
-        if col == "heldout_delta_accuracy":
-            kw["error_y"] = dict(type="data", array=b["ci_high"] - b[col], arrayminus=b[col] - b["ci_low"],
-                                 visible=True)
+        if col == "heldout_delta_accuracy":   # a change in accuracy lies in [-baseline, 1 - baseline]
+            bounds = (-b["heldout_baseline"], 1 - b["heldout_baseline"]) if "heldout_baseline" in b else (-1.0, 1.0)
+            kw["error_y"] = clipped_bars(b[col], b["ci_low"], b["ci_high"], bounds)
         fig.add_scatter(x=b["size"], y=b[col], mode="lines+markers", name=name, text=b["heads"],
                         hovertemplate="%{text}<br>size %{x}: %{y:+.3f}<extra>" + name + "</extra>", **kw)
     g = js.strategies[js.strategies.strategy == "greedy"]
@@ -281,10 +345,13 @@ def cross_task_heatmap(df: pd.DataFrame, title: str | None = None) -> go.Figure:
         txt[i][j] = f"{r.delta_accuracy:+.2f}<br>[{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
     lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() and np.nanmax(np.abs(z)) > 0 else 1.0
     fig = go.Figure(go.Heatmap(z=z, x=tasks, y=sets, text=txt, texttemplate="%{text}", colorscale="RdBu",
-                               zmid=0, zmin=-lim, zmax=lim, colorbar=dict(title="Δ acc"),
+                               zmid=0, zmin=-lim, zmax=lim,
+                               colorbar=dict(title=dict(text="change in<br>accuracy", side="top"), len=1,
+                                             lenmode="fraction", thickness=18),
                                hovertemplate="%{y} on %{x}: %{z:+.3f}<extra></extra>"))
-    fig.update_layout(title=title or "cost on other tasks: change in held-out accuracy",
-                      xaxis_title="evaluated on", yaxis_title="head set removed", height=120 + 70 * len(sets))
+    # at least 320 px: with one or two rows a shorter plot squashes the colour bar to a sliver
+    fig.update_layout(title=fit(title or "cost on other tasks: change in held-out accuracy", 700),
+                      xaxis_title="evaluated on", yaxis_title="head set removed", height=max(400, 180 + 70 * len(sets)))
     return fig
 
 
