@@ -74,8 +74,8 @@ def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str]
 
     from IPython.display import HTML
 
-    if not isinstance(df.index, pd.RangeIndex) or df.index.name is not None:
-        df = df.reset_index()   # a meaningful index (a groupby's keys) is a column like the others
+    if any(n is not None for n in df.index.names):
+        df = df.reset_index()   # a named index (a groupby's keys) is a column like the others; others are dropped
     if ci is None:
         ci = {c: c[:-3] + "high" for c in df.columns if str(c).endswith("ci_low") and c[:-3] + "high" in df.columns}
     cols = [c for c in (columns or list(df.columns)) if c not in ci.values()]
