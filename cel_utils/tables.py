@@ -24,13 +24,14 @@ import pandas as pd
 
 # words in column names that read better spelled out; everything else: underscores become spaces
 WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "dacc": "change in accuracy",
-         "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%"}
+         "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%", "kv": "key/value"}
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction")
 
 
 def header(name: str) -> str:
     """A readable column header: ``delta_accuracy`` -> ``change in accuracy``, ``p_holm`` -> ``p (Holm)``."""
-    special = {"p_holm": "p (Holm)", "q_value": "q (BH)", "p_value": "p", "ci_low": "95% CI"}
+    special = {"p_holm": "p (Holm)", "q_value": "q (BH)", "p_value": "p", "ci_low": "95% CI",
+               "delta_margin": "change in mean margin"}
     if name in special:
         return special[name]
     words = str(name).replace("heldout", "held-out").split("_")
@@ -96,6 +97,8 @@ def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str]
                 txt = cell(r[c], c, digits)
             cells.append(f"<td>{escape(txt)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
+    if not rows:   # an empty table says so instead of showing bare headers
+        rows.append(f'<tr><td colspan="{len(cols)}"><em>none</em></td></tr>')
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     html = ('<div class="cel-table" style="overflow-x:auto; max-width:100%;">'
             '<table class="dataframe" style="white-space:normal; word-break:normal; overflow-wrap:normal;">' + cap +
