@@ -83,7 +83,7 @@ def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str]
     rename, formats = rename or {}, formats or {}
     heads = [rename.get(c, header(c)) for c in cols]
     rows = []
-    for _, r in df.iterrows():
+    for r in df.to_dict("records"):   # not iterrows: it would turn the integers of a numeric row into floats
         cells = []
         for i, c in enumerate(cols):
             if c in ci:
