@@ -352,6 +352,13 @@ def test_pages_are_clean(built, chapter):
         assert bad not in html, bad
     views = re.findall(r'"model_id": "([0-9a-f]+)"', html.split("application/vnd.jupyter.widget-state+json")[0])
     assert len(views) == len(set(views))
+    # tables for people (cel_utils.tables): no raw DataFrame (snake_case headers, a 0..n index), no long decimals
+    assert '<table border="1" class="dataframe"' not in html, "a raw DataFrame is displayed"
+    assert html.count('class="cel-table"') >= (0 if chapter == "04_findings" else 1)
+    cells = re.findall(r"<t[dh]>([^<]*)</t[dh]>", html)
+    assert not [c for c in cells if re.search(r"\d\.\d{5,}|\d\.\d{4,}e", c)], "a number with too many digits"
+    heads = re.findall(r"<th>([^<]*)</th>", html)
+    assert not [h for h in heads if re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", h.strip())], "a snake_case header"
 
 
 @needs_chromium
@@ -452,6 +459,59 @@ def test_joint_search_chapter_in_mean_mode(tmp_path):
 
 PAGES = ["book/intro", "book/models_and_tasks", "book/course_guide", "book/glossary", "book/bibliography",
          "book/chapters/execution_status"]
+
+# Each table's visible box: the nearest ancestor that scrolls sideways (overflow-x auto or scroll), else the table
+# itself; and the content column (the article). Measured after load and layout, at a laptop's window width.
+_TABLES = """<script>
+window.addEventListener("load", function () { setTimeout(function () {
+  var col = document.querySelector("article.bd-article") || document.querySelector("main");
+  var c = col.getBoundingClientRect(), out = [];
+  document.querySelectorAll("table").forEach(function (t) {
+    var box = t, e = t.parentElement;
+    while (e && e !== document.body) {
+      var o = getComputedStyle(e).overflowX;
+      if (o === "auto" || o === "scroll") { box = e; break; }
+      e = e.parentElement;
+    }
+    var r = box.getBoundingClientRect();
+    if (r.width === 0) return;   // in a closed dropdown
+    out.push({left: r.left, right: r.right, table_width: t.getBoundingClientRect().width, col_left: c.left,
+              col_right: c.right, text: t.textContent.replace(/\\s+/g, " ").slice(0, 80)});
+  });
+  document.body.setAttribute("data-cel-tables", JSON.stringify(out));
+}, 1500); });
+</script>"""
+
+
+def _table_boxes(page: Path) -> list[dict]:
+    """Every visible table of a built page, measured in headless Chromium at a 1280 px wide window."""
+    import html as H
+
+    probe = page.with_name(f"_tables_probe_{page.name}")
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _TABLES + "</body>"), encoding="utf-8")
+    try:
+        with tempfile.TemporaryDirectory() as prof:
+            r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                "--disable-component-update", "--disable-sync", "--no-first-run",
+                                f"--user-data-dir={prof}", "--window-size=1280,2400", "--virtual-time-budget=10000",
+                                "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
+    finally:
+        probe.unlink()
+    m = re.search(r'data-cel-tables="([^"]*)"', r.stdout)
+    assert m, "the table probe did not run"
+    return json.loads(H.unescape(m.group(1)))
+
+
+@needs_chromium
+@pytest.mark.parametrize("page", ["book/chapters/" + c for c in CI_PARAMETERS] + PAGES)
+def test_no_table_wider_than_the_content_column(built, page):
+    """A wide table scrolls inside its own box; no table spills over (or is cut at) the text column's edge."""
+    boxes = _table_boxes(built / f"{page}.html")
+    if page.split("/")[-1] in ("01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search",
+                               "03_theory", "models_and_tasks"):
+        assert boxes, "no table measured: the probe would pass vacuously"
+    wide = [b for b in boxes if b["right"] > b["col_right"] + 1 or b["left"] < b["col_left"] - 1]
+    assert not wide, wide
 
 
 @needs_chromium
