@@ -7,6 +7,7 @@
                [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
+    cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
 
 Bad input exits with status 2 and a one-line message, and writes no output file.
@@ -405,6 +406,30 @@ def _shard_seconds(p: dict) -> float:
     return float(s) if _is_number(s) else 0.0
 
 
+def cmd_explain(args):
+    from .ablation import check_head_spec, parse_heads
+    from . import mechanism
+
+    check_out(args.out)
+    check_head_spec(args.head)
+    _check_sizes(args)
+    if "," in args.head or not args.head.strip() or args.head.strip().lower() == "all":
+        raise CELError(f"--head takes one head, e.g. L13H0; got {args.head!r}")
+    if args.mode != "zero":
+        raise CELError("cel explain removes heads by zeroing them (--mode zero); mean ablation is not supported")
+    if args.device != "cpu" or args.dtype != "float32":
+        raise CELError("cel explain runs on the CPU in float32 (--device cpu --dtype float32)")
+    lm, task = _load(args)
+    heads = parse_heads(args.head, lm.n_layers, lm.n_heads)
+    if len(heads) != 1:
+        raise CELError(f"--head takes one head, e.g. L13H0; got {args.head!r}")
+    ex = mechanism.explain(lm, task, heads[0])
+    weights = mechanism.attention(lm, ex.reads, heads)[heads[0]]
+    out = _header(lm, task, args)
+    out.update(mechanism.report(lm, ex, weights))
+    emit(out, args.out)
+
+
 def cmd_theory(args):
     from . import theory
 
@@ -479,6 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("files", nargs="+")
     mg.add_argument("--out", default=None)
     mg.set_defaults(fn=cmd_merge)
+
+    x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
+    common(x)
+    x.add_argument("--head", required=True, help="one head, e.g. L13H0")
+    x.set_defaults(fn=cmd_explain)
 
     t = sub.add_parser("theory", help="train the toy multi-head attention model of chapter 3")
     t.add_argument("--heads", type=int, default=4)
