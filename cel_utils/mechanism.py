@@ -256,11 +256,11 @@ def _nothing():
     yield
 
 
-def trace(lm, reads: Reads, batch_size: int = 16) -> Trace:
-    """The clean run at the reads."""
+def trace(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) -> Trace:
+    """The run at the reads: clean, or with ``heads`` ablated."""
     if len(reads) == 0:
         raise CELError("no reads to trace: every item was left out")
-    s = _run(lm, reads, batch_size=batch_size)
+    s = _run(lm, reads, heads=heads, batch_size=batch_size)
     L = lm.n_layers
     attn = [s[("attn_out", l)] if ("attn_out", l) in s else s[("proj_out", l)] for l in range(L)]
     return Trace(reads=reads, head_in=[s[("head_in", l)] for l in range(L)],
@@ -349,6 +349,7 @@ class Explanation:
     task_delta_margin: np.ndarray  # [n] change in the task's margin
     head_logits: np.ndarray       # [n, vocab] the head's direct contribution to every logit, centred per read
     summary: dict = field(default_factory=dict)
+    ablated: Trace | None = field(default=None, repr=False)  # the run with the head ablated
 
 
 @torch.no_grad()
@@ -366,35 +367,31 @@ def explain(lm, task, head: Head, reads: Reads | None = None, tr: Trace | None =
     abl = evaluate(lm, enc, [head])
     c = head_output(lm, tr, head)  # [n, d]
     direct = -direct_diff(lm, tr, c)
-    s = _run(lm, reads, heads=[head])
-    total = _diff(lm, reads, s["final"]) - tr.logit_diff
+    ab = trace(lm, reads, heads=[head])
+    total = ab.logit_diff - tr.logit_diff
     direct_path = _diff(lm, reads, tr.final - c) - tr.logit_diff
-    indirect_path = _diff(lm, reads, s["final"] + c) - tr.logit_diff
+    indirect_path = _diff(lm, reads, ab.final + c) - tr.logit_diff
     hl = direct_logits(lm, tr, c)
     hl = hl - hl.mean(-1, keepdim=True)
     idx = reads.items
     ex = Explanation(head=head, task=task.name, reads=reads, clean_diff=tr.logit_diff.numpy(), total=total.numpy(),
                      direct=direct.numpy(), direct_path=direct_path.numpy(), indirect_path=indirect_path.numpy(),
                      fixed=(~clean.correct[0] & abl.correct[0])[idx], broken=(clean.correct[0] & ~abl.correct[0])[idx],
-                     task_delta_margin=(abl.margin[0] - clean.margin[0])[idx], head_logits=hl.numpy())
+                     task_delta_margin=(abl.margin[0] - clean.margin[0])[idx], head_logits=hl.numpy(),
+                     ablated=ab)
     ex.summary = summarise(ex)
     return ex
 
 
 @torch.no_grad()
-def mediators(lm, tr: Trace, head: Head, k: int = 5) -> list[dict]:
-    """Where a head's indirect effect lands: the later components whose direct contribution to the logit difference
-    changes most when the head is ablated (both runs read through the clean run's frozen final norm), largest
-    mean change first: ``[{"component", "mean_change"}]``."""
-    s = _run(lm, tr.reads, heads=[head])
-    L = lm.n_layers
-    attn = [s[("attn_out", l)] if ("attn_out", l) in s else s[("proj_out", l)] for l in range(L)]
-    ab = Trace(reads=tr.reads, head_in=[s[("head_in", l)] for l in range(L)],
-               proj_out=[s[("proj_out", l)] for l in range(L)], attn_out=attn, layer_in0=s["layer_in0"],
-               layer_out=[s[("layer_out", l)] for l in range(L)], final=tr.final, logit_diff=tr.logit_diff)
+def mediators(lm, tr: Trace, ex: Explanation, k: int = 5) -> list[dict]:
+    """Where a head's indirect effect lands: the other components whose direct contribution to the logit
+    difference changes most when the head is ablated (both runs read through the clean run's frozen final norm),
+    largest mean change first: ``[{"component", "mean_change"}]``."""
+    ab = Trace(**{**ex.ablated.__dict__, "final": tr.final})  # frozen at the clean run's final norm scale
     before, after = components(lm, tr), components(lm, ab)
     change = {name: float((direct_diff(lm, tr, after[name]) - direct_diff(lm, tr, before[name])).mean())
-              for name in before if name != head_name(head)}
+              for name in before if name != head_name(ex.head)}
     top = sorted(change, key=lambda n: -abs(change[n]))[:k]
     return [{"component": n, "mean_change": change[n]} for n in top]
 

@@ -228,3 +228,16 @@ def test_cel_explain_writes_the_schema(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("cel: error:")
         assert not bad.exists()
+
+
+def test_mediators_account_for_the_indirect_effect_in_a_linear_model():
+    """With no norm and a linear model after the head, the changes of all other components' direct
+    contributions add up to the indirect path."""
+    lm = _linear_after(0)
+    task = _task("mc")
+    reads = M.choose_reads(lm, task)
+    tr = M.trace(lm, reads)
+    ex = M.explain(lm, task, (0, 1), reads=reads, tr=tr)
+    med = M.mediators(lm, tr, ex, k=10_000)
+    assert abs(sum(m["mean_change"] for m in med) - ex.indirect_path.mean()) < 1e-5
+    assert med[0]["component"].startswith(("L1", "L2"))  # carried by a later layer
