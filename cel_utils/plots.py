@@ -477,6 +477,67 @@ def plateau_rates(runs: pd.DataFrame, rates: dict, title: str | None = None) -> 
 
 # ---------------------------------------------------------------------------------------------
 # Numbered, captioned figures
+def direct_vs_total(items: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Per item: the change in the logit difference when a head is removed (``total``) against the part that is
+    its direct effect (``direct``), coloured by what removal does to the item (``outcome``); the diagonal is
+    "all of it direct"."""
+    fig = go.Figure()
+    colours = {"fixed": "#2ca02c", "broken": "#d62728", "unchanged": "#9e9e9e"}
+    for outcome, c in colours.items():
+        d = items[items["outcome"] == outcome]
+        if len(d):
+            fig.add_trace(go.Scatter(x=d["total"], y=d["direct"], mode="markers", name=outcome,
+                                     marker=dict(color=c, size=6, opacity=0.7),
+                                     text=d.get("text"), hovertemplate="%{text}<br>total %{x:.2f}, direct %{y:.2f}"))
+    lo = float(min(items["total"].min(), items["direct"].min(), 0))
+    hi = float(max(items["total"].max(), items["direct"].max(), 0))
+    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dot", color="black"),
+                             name="direct = total", hoverinfo="skip"))
+    fig.update_layout(title=fit(title or "", 520), width=560, height=430,
+                      xaxis_title="total change in logit difference", yaxis_title="direct effect",
+                      legend=dict(orientation="h", y=-0.2))
+    return fig
+
+
+def path_split(summary: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Per head (``label``): the mean change in the logit difference through the direct path, through later
+    layers only, and in total."""
+    fig = go.Figure()
+    for col, name, c in (("direct_path", "direct path only", "#1f77b4"),
+                         ("indirect_path", "later layers only", "#ff7f0e"),
+                         ("total_delta_margin", "total (head removed)", "#333333")):
+        fig.add_trace(go.Bar(x=summary["label"], y=summary[col], name=name, marker_color=c))
+    fig.update_layout(barmode="group", title=fit(title or "", 760), width=800, height=420,
+                      yaxis_title="mean change in logit difference", legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def token_bars(promoted: list[dict], suppressed: list[dict], title: str | None = None) -> go.Figure:
+    """The tokens a head's output raises and lowers most (its direct logits, centred, averaged over items)."""
+    rows = list(reversed(suppressed)) + list(reversed(promoted))
+    names = [repr(r["token"]) for r in rows]
+    vals = [r["mean_logit"] for r in rows]
+    fig = go.Figure(go.Bar(x=vals, y=list(range(len(rows))), orientation="h",
+                           marker_color=["#d62728" if v < 0 else "#2ca02c" for v in vals],
+                           hovertext=names, hoverinfo="text+x"))
+    fig.update_yaxes(tickvals=list(range(len(rows))), ticktext=names)
+    fig.update_layout(title=fit(title or "", 440), width=480, height=60 + 22 * max(len(rows), 4),
+                      xaxis_title="mean direct logit (centred)", margin=dict(l=120))
+    return fig
+
+
+def attention_map(z, x_labels: list[str], y_labels: list[str], title: str | None = None) -> go.Figure:
+    """Attention at the read position: rows (heads, or items) by the last prompt positions (labelled with
+    tokens), on one scale from 0 to 1."""
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(x_labels))), y=list(range(len(y_labels))), zmin=0, zmax=1,
+                               colorscale="Blues", colorbar=dict(title="attention")))
+    fig.update_xaxes(tickvals=list(range(len(x_labels))), ticktext=x_labels, tickangle=0)
+    fig.update_yaxes(tickvals=list(range(len(y_labels))), ticktext=y_labels, autorange="reversed")
+    fig.update_layout(title=fit(title or "", 760), width=800, height=140 + 26 * len(y_labels),
+                      xaxis_title="prompt tokens before the read (the last is the read position)")
+    return fig
+
+
 # ---------------------------------------------------------------------------------------------
 _FIGURES = {"chapter": "", "n": 0}
 

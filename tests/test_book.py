@@ -33,7 +33,9 @@ CI_PARAMETERS = {
                         "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,
                         "n_confirm": 10, "n_heldout": 8, "n_explore": 6, "n_cost": 6, "screen_heads": "L13,L14",
                         "pool_size": 3, "max_size": 2, "random_sets": 4, "random_pools": 2, "fdr": 1.01},
+    "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_positions": 6, "n_flipped_rows": 2},
     "04_findings": {},
+    "05_closing": {},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
                   "sweep_steps": 1500, "control_seeds": 3, "early_sigmas": [1e-4, 1e-2], "early_seeds": 8,
                   "early_steps": 2500},
@@ -56,6 +58,30 @@ def test_every_chapter_has_ci_parameters_and_ran(staged):
     root, status = staged
     assert {s["notebook"] for s in status} == set(book.expected_chapters()) == set(CI_PARAMETERS)
     assert [s["title"] for s in status] == [book.title(book.NOTEBOOKS / f"{s['notebook']}.ipynb") for s in status]
+
+
+def test_mechanism_chapter_records(staged):
+    """Chapter 2a explains heads chapter 1a's record names, with the status that record gives them."""
+    from cel_utils.models import load_model
+
+    rec, land = _record(staged, "02a_mechanism"), _record(staged, "01a_landscape")
+    assert len(rec["heads"]) == len(rec["models"]) * CI_PARAMETERS["02a_mechanism"]["heads_per_model"]
+    for h in rec["heads"]:
+        pair = next(p for p in land["pairs"] if p["model"] == h["model"] and p["task"] == h["task"])
+        model_held = [r["heads"] for p in land["pairs"] if p["model"] == h["model"] for r in p["heldout"]
+                      if r["holds"] and "+" not in r["heads"]]
+        if h["status"] == "confirmed":
+            assert any(r["heads"] == h["head"] and r["holds"] for r in pair["heldout"])
+        else:
+            assert h["status"] == "exploratory" and not model_held
+        assert h["head"] in pair["screened_heads"] and h["control"] in pair["screened_heads"]
+        assert h["direct_share"] is None or 0 <= h["direct_share"] <= 1
+        assert h["n_fixed"] + h["n_broken"] <= h["n_items"] <= CI_PARAMETERS["02a_mechanism"]["n_items"]
+        assert h["sentence"].startswith(f"{h['head']} ({h['task']})")
+    assert rec["attention_row_sums"] and all(abs(s - 1) < 1e-4 for s in rec["attention_row_sums"])
+    for key, toks in rec["promoted"].items():
+        tok = load_model(key.split("/")[0]).tokenizer
+        assert toks and all(0 <= t["token_id"] < len(tok) and tok.decode([t["token_id"]]) == t["token"] for t in toks)
 
 
 def test_every_exercise_solution_ran_at_ci_parameters(staged):
