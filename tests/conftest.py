@@ -37,3 +37,20 @@ def smol():
     from cel_utils.models import load_model
 
     return load_model("smollm2-135m")
+
+
+@pytest.fixture(autouse=True)
+def one_thread_for_tiny_models(request):
+    """Tests without the real models use one torch thread: on a 2-core machine two threads per tiny forward pass
+    spend more time synchronising than computing (and far more when other work shares the cores)."""
+    import torch
+
+    if request.node.get_closest_marker("real") or request.node.get_closest_marker("notebook"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

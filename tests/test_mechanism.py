@@ -15,15 +15,6 @@ from cel_utils.tasks import Task
 from tiny import HARMFUL_HEAD, harm_items, save_tiny, tiny_model
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is faster than two fighting over a shared machine's cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _task(kind: str, n: int = 12) -> Task:
     rng = random.Random(0)
     items = []
