@@ -607,26 +607,33 @@ def addition_error(item: dict, target_index: int, competitor: str) -> str:
 def describe(s: dict) -> str:
     """One line naming the mechanism the numbers support, written from them (``s``: a chapter's summary row with
     ``head``, ``task``, ``n_items``, ``n_fixed``, ``n_broken``, ``direct_share``, ``total_delta_margin``,
-    ``direct_delta_margin``, ``mediator``, ``mediator_change``, ``favours_wrong``, ``top_attended``,
-    ``top_weight`` and optionally ``error_kind``/``error_share``).
+    ``direct_delta_margin``, ``mediator``, ``mediator_change``, ``fixed_total``, ``fixed_direct`` (mean total and
+    direct change on the items its removal fixes), ``top_attended``, ``top_weight`` and optionally
+    ``error_kind``/``error_share``).
 
     Example:
         >>> describe({"head": "L1H2", "task": "t", "n_items": 10, "n_fixed": 3, "n_broken": 0, "direct_share": 0.9,
         ...           "total_delta_margin": 1.0, "direct_delta_margin": 0.9, "mediator": "L2.mlp",
-        ...           "mediator_change": 0.05, "favours_wrong": 3, "top_attended": "' ='", "top_weight": 0.5})[:60]
+        ...           "mediator_change": 0.05, "fixed_total": 2.0, "fixed_direct": 1.8, "top_attended": "' ='",
+        ...           "top_weight": 0.5})[:60]
         'L1H2 (t): removing it fixes 3 and breaks 0 of 10 items; 90% '
     """
     share = s["direct_share"]
+    pct = "under 1%" if share is not None and share < 0.005 else f"{share:.0%}" if share is not None else ""
     if share is None:
         path = "its removal does not change the logit difference"
     elif share >= 0.5:
-        path = (f"{share:.0%} of its effect on the logit difference is direct: its own output pushes the "
-                f"competitor over the answer")
+        path = f"{pct} of its effect on the logit difference is direct: its own output pushes the competitor up"
     else:
-        path = (f"only {share:.0%} of its effect is direct; the rest reaches the logits through later layers, most "
+        path = (f"only {pct} of its effect is direct; the rest reaches the logits through later layers, most "
                 f"through {s['mediator']} ({s['mediator_change']:+.2f} when the head is removed)")
-    favour = (f"; on {s['favours_wrong']} of the {s['n_fixed']} items its removal fixes, the head's own output "
-              f"favours the wrong token" if s["n_fixed"] else "")
+    favour = ""
+    if s["n_fixed"]:
+        own = s["fixed_direct"]
+        favour = (f"; on the {s['n_fixed']} items its removal fixes, the logit difference rises by "
+                  f"{s['fixed_total']:.2f} on average, "
+                  + (f"{own:.2f} of it because the head's own output, which favoured the competitor, is gone"
+                     if own > 0 else f"though the head's own output favoured the answer (by {-own:.2f})"))
     kind = (f"; the errors it causes are mostly '{s['error_kind']}' ({s['error_share']:.0%})"
             if s.get("error_kind") else "")
     return (f"{s['head']} ({s['task']}): removing it fixes {s['n_fixed']} and breaks {s['n_broken']} of "

@@ -33,7 +33,7 @@ CI_PARAMETERS = {
                         "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,
                         "n_confirm": 10, "n_heldout": 8, "n_explore": 6, "n_cost": 6, "screen_heads": "L13,L14",
                         "pool_size": 3, "max_size": 2, "random_sets": 4, "random_pools": 2, "fdr": 1.01},
-    "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_positions": 6, "n_flipped_rows": 2},
+    "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_tokens": 5, "n_positions": 6, "n_flipped_rows": 2},
     "04_findings": {},
     "05_closing": {},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
@@ -79,9 +79,15 @@ def test_mechanism_chapter_records(staged):
         assert h["n_fixed"] + h["n_broken"] <= h["n_items"] <= CI_PARAMETERS["02a_mechanism"]["n_items"]
         assert h["sentence"].startswith(f"{h['head']} ({h['task']})")
     assert rec["attention_row_sums"] and all(abs(s - 1) < 1e-4 for s in rec["attention_row_sums"])
-    for key, toks in rec["promoted"].items():
+    n_fixed = {f"{h['model']}/{h['head']}/{h['task']}": h["n_fixed"] for h in rec["heads"]}
+    assert set(rec["promoted"]) == set(rec["promoted_all"]) == set(n_fixed)
+    for key, toks in rec["promoted_all"].items():
         tok = load_model(key.split("/")[0]).tokenizer
-        assert toks and all(0 <= t["token_id"] < len(tok) and tok.decode([t["token_id"]]) == t["token"] for t in toks)
+        # tokens over the items its removal fixes exist exactly when it fixes some
+        assert bool(rec["promoted"][key]) == (n_fixed[key] > 0)
+        for listed in (toks, rec["promoted"][key]):
+            assert all(0 <= t["token_id"] < len(tok) and tok.decode([t["token_id"]]) == t["token"] for t in listed)
+        assert len(toks) == CI_PARAMETERS["02a_mechanism"]["n_tokens"]
 
 
 def test_every_exercise_solution_ran_at_ci_parameters(staged):
@@ -345,7 +351,7 @@ def test_book_builds_offline(built):
 
 
 @pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("01a_landscape", 6), ("01b_screening_at_scale", 1),
-                                              ("02_joint_search", 6), ("03_theory", 4)])
+                                              ("02_joint_search", 6), ("02a_mechanism", 4), ("03_theory", 4)])
 def test_figures_in_html(built, chapter, min_figs):
     html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
     assert html.count("Plotly.newPlot") >= min_figs
@@ -364,8 +370,7 @@ def test_execution_status_page(built, staged):
     assert all(f"{s['seconds']:.0f} s" in guide or f"{s['seconds'] / 60:.1f} min" in guide for s in status)
 
 
-@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search",
-                                     "03_theory", "04_findings"])
+@pytest.mark.parametrize("chapter", book.expected_chapters())
 def test_pages_are_clean(built, chapter):
     """Every plotly figure has a numbered caption; no progress bar, log or traceback in any output; every
     widget view appears once."""
@@ -380,7 +385,7 @@ def test_pages_are_clean(built, chapter):
     assert len(views) == len(set(views))
     # tables for people (cel_utils.tables): no raw DataFrame (snake_case headers, a 0..n index), no long decimals
     assert '<table border="1" class="dataframe"' not in html, "a raw DataFrame is displayed"
-    assert html.count('class="cel-table"') >= (0 if chapter == "04_findings" else 1)
+    assert html.count('class="cel-table"') >= (0 if chapter in ("04_findings", "05_closing") else 1)
     cells = re.findall(r"<t[dh]>([^<]*)</t[dh]>", html)
     assert not [c for c in cells if re.search(r"\d\.\d{5,}|\d\.\d{4,}e", c)], "a number with too many digits"
     heads = re.findall(r"<th>([^<]*)</th>", html)
@@ -388,7 +393,8 @@ def test_pages_are_clean(built, chapter):
 
 
 @needs_chromium
-@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "03_theory", "04_findings"])
+@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "02a_mechanism", "03_theory",
+                                     "04_findings"])
 def test_figures_render_in_headless_chromium(built, chapter):
     page = built / "book" / "chapters" / f"{chapter}.html"
     with tempfile.TemporaryDirectory() as prof:
