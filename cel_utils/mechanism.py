@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -504,18 +505,32 @@ def mean_attention(weights: list[np.ndarray]) -> np.ndarray:
     return np.divide(acc, cnt, out=np.zeros(L), where=cnt > 0)
 
 
+def token_at(tok, reads: Reads, back: int) -> tuple[str | None, float]:
+    """The most common token ``back`` positions before the end of the reads' inputs (``back`` 1 = the read
+    position itself) and the share of the reads that have it there (reads too short to have the position count
+    as not having it).
+
+    Example:
+        >>> token_at(lm.tokenizer, reads, 1)       # doctest: +SKIP
+        (' =', 1.0)
+    """
+    ids = [int(s[-back]) for s in reads.inputs if len(s) >= back]
+    if not ids:
+        return None, 0.0
+    tid, count = Counter(ids).most_common(1)[0]
+    return token_text(tok, tid), count / len(reads.inputs)
+
+
 def attention_rows(lm, reads: Reads, weights: list[np.ndarray], last: int | None = None) -> list[dict]:
     """Mean attention by position counted back from the read position (``token_position`` -1 is the read
-    position itself), with the token found there in the first read: ``[{"token_position", "token",
-    "mean_weight"}]``, the ``last`` positions only when given."""
+    position itself), with the most common token there and the share of reads that have it: ``[{"token_position",
+    "token", "token_share", "mean_weight"}]``, the ``last`` positions only when given."""
     mean = mean_attention(weights)
     L = len(mean)
-    first = reads.inputs[0]
     rows = []
     for j in range(L):
-        back = j - L  # -L .. -1
-        tok = token_text(lm.tokenizer, first[back]) if -back <= len(first) else None
-        rows.append({"token_position": back, "token": tok, "mean_weight": float(mean[j])})
+        tok, share = token_at(lm.tokenizer, reads, L - j)
+        rows.append({"token_position": j - L, "token": tok, "token_share": share, "mean_weight": float(mean[j])})
     return rows if last is None else rows[-last:]
 
 
@@ -638,4 +653,4 @@ def describe(s: dict) -> str:
             if s.get("error_kind") else "")
     return (f"{s['head']} ({s['task']}): removing it fixes {s['n_fixed']} and breaks {s['n_broken']} of "
             f"{s['n_items']} items; {path}{favour}{kind}; at the read position it attends most to "
-            f"{s['top_attended']} (weight {s['top_weight']:.2f}).")
+            f"{s['top_attended']}, mean weight {s['top_weight']:.2f}.")

@@ -252,3 +252,16 @@ def test_describe_reads_the_numbers():
     assert "1.90 of it because the head's own output, which favoured the competitor, is gone" in direct
     assert "L29.mlp" not in direct and "weight 0.41" in direct
     assert "rises by" not in M.describe(dict(base, n_fixed=0, direct_share=None, fixed_direct=0.0))
+
+
+def test_token_at_counts_the_items_that_have_the_token_there():
+    """The label of a position counted back from the read: the most common token there, and the share of all
+    reads (short ones included) that have it."""
+    from types import SimpleNamespace
+
+    tok = SimpleNamespace(decode=lambda ids, **kw: f"<{ids[0]}>")
+    reads = SimpleNamespace(inputs=[[5, 6, 7], [1, 6, 7], [9, 7], [4, 3, 8, 7]])
+    assert M.token_at(tok, reads, 1) == ("<7>", 1.0)
+    assert M.token_at(tok, reads, 2) == ("<6>", 0.5)
+    assert M.token_at(tok, reads, 4) == ("<4>", 0.25)
+    assert M.token_at(tok, reads, 5) == (None, 0.0)
