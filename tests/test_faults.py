@@ -45,9 +45,10 @@ def test_two_processes_share_one_cache(model_dir, tmp_path):
     made without any cache, and every entry left behind is valid."""
     argv = ["screen", "--model", model_dir, "--task", "ioi", "--n", "30", "--quiet"]
     solo = tmp_path / "solo.json"
-    ref = subprocess.Popen(CEL + argv + ["--no-cache", "--out", str(solo)], env=_env(tmp_path / "unused"))
+    one = {"OMP_NUM_THREADS": "1"}   # three processes side by side on a tiny model: one thread each
+    ref = subprocess.Popen(CEL + argv + ["--no-cache", "--out", str(solo)], env=_env(tmp_path / "unused", **one))
     shared = tmp_path / "shared"
-    procs = [subprocess.Popen(CEL + argv + ["--out", str(tmp_path / f"p{i}.json")], env=_env(shared))
+    procs = [subprocess.Popen(CEL + argv + ["--out", str(tmp_path / f"p{i}.json")], env=_env(shared, **one))
              for i in range(2)]
     assert [p.wait(timeout=300) for p in procs + [ref]] == [0, 0, 0]
     for i in range(2):
