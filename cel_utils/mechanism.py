@@ -640,8 +640,9 @@ def describe(s: dict) -> str:
     elif share >= 0.5:
         path = f"{pct} of its effect on the logit difference is direct: its own output pushes the competitor up"
     else:
-        path = (f"only {pct} of its effect is direct; the rest reaches the logits through later layers, most "
-                f"through {s['mediator']} ({s['mediator_change']:+.2f} when the head is removed)")
+        path = (f"{'only ' if pct != 'under 1%' else ''}{pct} of its effect is direct; the rest reaches the logits "
+                f"through later layers, the largest single part through {s['mediator']} "
+                f"({s['mediator_change']:+.2f} when the head is removed)")
     favour = ""
     if s["n_fixed"]:
         own = s["fixed_direct"]
@@ -649,7 +650,7 @@ def describe(s: dict) -> str:
                   f"{s['fixed_total']:.2f} on average, "
                   + (f"{own:.2f} of it because the head's own output, which favoured the competitor, is gone"
                      if own > 0 else f"though the head's own output favoured the answer (by {-own:.2f})"))
-    kind = (f"; the errors it causes are mostly '{s['error_kind']}' ({s['error_share']:.0%})"
+    kind = (f"; the errors its removal fixes are mostly '{s['error_kind']}' ({s['error_share']:.0%})"
             if s.get("error_kind") else "")
     return (f"{s['head']} ({s['task']}): removing it fixes {s['n_fixed']} and breaks {s['n_broken']} of "
             f"{s['n_items']} items; {path}{favour}{kind}; at the read position it attends most to "

@@ -245,7 +245,7 @@ def test_describe_reads_the_numbers():
             "total_delta_margin": 1.39, "direct_delta_margin": 0.003, "mediator": "L29.mlp", "mediator_change": 0.38,
             "fixed_total": 2.5, "top_attended": "' ='", "top_weight": 0.41}
     indirect = M.describe(dict(base, direct_share=0.002, fixed_direct=-0.04))
-    assert "only under 1% of its effect is direct" in indirect and "L29.mlp (+0.38" in indirect
+    assert "; under 1% of its effect is direct" in indirect and "largest single part through L29.mlp (+0.38" in indirect
     assert "rises by 2.50 on average, though the head's own output favoured the answer (by 0.04)" in indirect
     direct = M.describe(dict(base, direct_share=0.7, fixed_direct=1.9))
     assert direct.startswith("L3H1 (addition): removing it fixes 19 and breaks 1 of 100 items; 70% of its effect")
