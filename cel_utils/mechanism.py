@@ -634,15 +634,14 @@ def describe(s: dict) -> str:
         'L1H2 (t): removing it fixes 3 and breaks 0 of 10 items; 90% '
     """
     share = s["direct_share"]
-    pct = "under 1%" if share is not None and share < 0.005 else f"{share:.0%}" if share is not None else ""
     if share is None:
         path = "its removal does not change the logit difference"
     elif share >= 0.5:
-        path = f"{pct} of its effect on the logit difference is direct: its own output pushes the competitor up"
+        path = f"{share:.0%} of its effect on the logit difference is direct: its own output pushes the competitor up"
     else:
-        path = (f"{'only ' if pct != 'under 1%' else ''}{pct} of its effect is direct; the rest reaches the logits "
-                f"through later layers, the largest single part through {s['mediator']} "
-                f"({s['mediator_change']:+.2f} when the head is removed)")
+        pct = "under 1%" if share < 0.005 else f"only {share:.0%}"
+        path = (f"{pct} of its effect is direct; the rest reaches the logits through later layers, the largest single "
+                f"part through {s['mediator']} ({s['mediator_change']:+.2f} when the head is removed)")
     favour = ""
     if s["n_fixed"]:
         own = s["fixed_direct"]

@@ -122,12 +122,7 @@ def test_check_ablation_fails_on_a_subtle_mistake(fn, says):
 def test_the_tiny_models_set_each_trap():
     """Each trap is live: the ablation moves the logits, and the wrong variants differ from it on their model."""
     ids = torch.randint(2, 100, (2, 9), generator=torch.Generator().manual_seed(0))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: one thread is fastest, and the checks use one
-    try:
-        _each_trap(ids)
-    finally:
-        torch.set_num_threads(threads)
+    _each_trap(ids)   # one torch thread, as every tiny-model test (conftest.one_thread_for_tiny_models)
     state = torch.get_rng_state()
     checks.tiny_lm("llama")
     assert torch.equal(torch.get_rng_state(), state)  # building a model leaves the global random state alone
