@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from . import hooks
 from .errors import CELError
 
 Head = tuple[int, int]
@@ -130,7 +131,7 @@ class Ablation:
 
 
 class HeadAblator:
-    """Forward pre-hooks on every output projection; which heads they remove is set per forward.
+    """Hooks at the ``z`` point (:mod:`cel_utils.hooks`) of every layer; which heads they remove is set per forward.
 
     ``masks`` is a bool tensor ``[rows or 1, n_layers, n_heads]`` (True = ablate), so each batch row can
     carry its own head set. Rows not ablated in a layer are returned bit-identical (``torch.where``).
@@ -145,47 +146,44 @@ class HeadAblator:
         self.mode = mode
         self.means = means  # [n_layers, n_heads, head_dim]
         self.masks: torch.Tensor | None = None  # [rows, n_layers, n_heads]
-        self._layer_active: list[bool] = [False] * lm.n_layers
-        self._handles: list = []
+        self.layer_active: list[bool] = [False] * lm.n_layers
+        self.hooks = None
 
     def set_masks(self, masks: torch.Tensor | None) -> None:
         self.masks = masks
         if masks is None:
-            self._layer_active = [False] * self.lm.n_layers
+            self.layer_active = [False] * self.lm.n_layers
         else:
-            self._layer_active = masks.any(dim=(0, 2)).tolist()
+            self.layer_active = masks.any(dim=(0, 2)).tolist()
 
-    def _hook(self, layer: int):
-        H, D = self.lm.n_heads, self.lm.head_dim
+    def replace(self, layer: int):
+        """The ``z`` hook function of ``layer``: the masked heads' outputs replaced (zero or mean)."""
 
-        def pre_hook(module, args, kwargs):
-            if not self._layer_active[layer]:
+        def fn(z):  # [batch, pos, head, d_head]
+            if not self.layer_active[layer]:
                 return None
-            x = args[0]  # [batch, pos, n_heads * head_dim]
-            b, t = x.shape[0], x.shape[1]
-            xh = x.view(b, t, H, D)  # [batch, pos, head, d_head]
+            b = z.shape[0]
             m = self.masks[:, layer]  # [rows, head]
             if m.shape[0] not in (1, b):
                 raise RuntimeError(f"head mask has {m.shape[0]} rows for a batch of {b}")
-            m = m.to(x.device)[:, None, :, None]  # [rows, 1, head, 1]
+            m = m.to(z.device)[:, None, :, None]  # [rows, 1, head, 1]
             if self.mode == "zero":
-                repl = torch.zeros((), dtype=x.dtype, device=x.device)
+                repl = torch.zeros((), dtype=z.dtype, device=z.device)
             else:
-                repl = self.means[layer].to(device=x.device, dtype=x.dtype)[None, None]  # [1, 1, head, d_head]
-            out = torch.where(m, repl, xh).reshape(b, t, H * D)
-            return (out,) + tuple(args[1:]), kwargs
+                repl = self.means[layer].to(device=z.device, dtype=z.dtype)[None, None]  # [1, 1, head, d_head]
+            return torch.where(m, repl, z)
 
-        return pre_hook
+        return fn
 
     def attach(self) -> "HeadAblator":
-        for l in range(self.lm.n_layers):
-            self._handles.append(self.lm.out_proj(l).register_forward_pre_hook(self._hook(l), with_kwargs=True))
+        self.hooks = hooks.hooked(self.lm, [("z", l, self.replace(l)) for l in range(self.lm.n_layers)])
+        self.hooks.__enter__()
         return self
 
     def detach(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self.hooks is not None:
+            self.hooks.__exit__(None, None, None)
+            self.hooks = None
 
 
 def head_mask(lm, heads: Sequence[Head]) -> torch.Tensor:
@@ -232,46 +230,20 @@ def compute_head_means(lm, token_lists: Sequence[Sequence[int]], batch_size: int
     """
     if not token_lists:
         raise CELError("mean ablation needs at least one reference prompt")
-    H, D = lm.n_heads, lm.head_dim
-    sums = torch.zeros(lm.n_layers, H, D, dtype=torch.float64)
+    sums = torch.zeros(lm.n_layers, lm.n_heads, lm.head_dim, dtype=torch.float64)
     count = 0
     current: dict = {}
 
-    def make_hook(layer):
-        def hook(module, args):
-            x = args[0].detach()  # [batch, pos, n_heads * head_dim]
+    def add(layer):
+        def fn(z):  # [batch, pos, head, d_head]
+            x = z.detach().reshape(*z.shape[:2], -1)  # [batch, pos, head * d_head]: summed flat, as before
             keep = current["mask"].to(x.device)[..., None]  # [batch, pos, 1]
-            sums[layer] += (x * keep).sum(dim=(0, 1)).double().view(H, D).cpu()
-        return hook
+            sums[layer] += (x * keep).sum(dim=(0, 1)).double().view(z.shape[2], z.shape[3]).cpu()
+        return fn
 
-    handles = [lm.out_proj(l).register_forward_pre_hook(make_hook(l)) for l in range(lm.n_layers)]
-    try:
-        for i in range(0, len(token_lists), batch_size):
-            chunk = token_lists[i:i + batch_size]
-            ids, att = pad_right(chunk, pad_id(lm))
+    with hooks.hooked(lm, [("z", l, add(l)) for l in range(lm.n_layers)]):
+        for _, ids, att in hooks.padded_batches(lm, token_lists, batch_size):
             current["mask"] = att.float()
-            lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), use_cache=False)
+            lm.model(input_ids=ids, attention_mask=att, use_cache=False)
             count += int(att.sum())
-    finally:
-        for h in handles:
-            h.remove()
     return (sums / count).float()
-
-
-def pad_id(lm) -> int:
-    tok = lm.tokenizer
-    for cand in (tok.pad_token_id, tok.eos_token_id, 0):
-        if cand is not None:
-            return int(cand)
-    return 0
-
-
-def pad_right(seqs: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad token lists: ``ids [batch, pos]`` and ``attention_mask [batch, pos]``."""
-    T = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), T), pad, dtype=torch.long)
-    att = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(list(s), dtype=torch.long)
-        att[i, :len(s)] = 1
-    return ids, att

@@ -21,10 +21,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .ablation import Ablation, Head, all_heads, head_name, pad_id, pad_right
+from . import hooks
+from .ablation import Ablation, Head, all_heads, head_name
 from .defaults import (GRADIENT_FORWARD_EQUIVALENTS, GRADIENT_MAX_TOKENS, LASSO_CV, LASSO_MAX_ITER,
                        LASSO_N_ALPHAS, progress_enabled)
-from .engine import common_prefix, evaluate, evaluate_head_sets, forward_equivalents, prefix_kwargs
+from .engine import (common_prefix, evaluate, evaluate_head_sets, forward_equivalents, prefix_kwargs,
+                     read_batch)
 from .scoring import EncodedTask, encode_task, logits_at, read_stats
 from .screening import Screen, plain_screen, screen
 
@@ -88,25 +90,18 @@ def _item_batches(enc: EncodedTask, lengths: list[int], max_tokens: int) -> tupl
     return batches, seqs_of_item
 
 
-def _scaling_hooks(lm, mask: torch.Tensor, ablation: Ablation) -> list:
-    """Pre-hooks that scale each head's output by ``mask [n_layers, n_heads]`` (toward its mean in mean mode)."""
-    H, D = lm.n_heads, lm.head_dim
-
-    def make_hook(layer):
-        def pre_hook(module, args):
-            x = args[0]
-            b, t = x.shape[:2]
-            xh = x.view(b, t, H, D)  # [batch, pos, head, d_head]
-            m = mask[layer].to(x.dtype)[None, None, :, None]
+def _scaling(lm, mask: torch.Tensor, ablation: Ablation) -> list:
+    """``z`` hooks that scale each head's output by ``mask [n_layers, n_heads]`` (toward its mean in mean mode)."""
+    def scale(layer):
+        def fn(z):  # [batch, pos, head, d_head]
+            m = mask[layer].to(z.dtype)[None, None, :, None]
             if ablation.mode == "mean":
-                mu = ablation.means[layer].to(x)[None, None]
-                xh = mu + m * (xh - mu)
-            else:
-                xh = xh * m
-            return (xh.reshape(b, t, H * D),) + tuple(args[1:])
-        return pre_hook
+                mu = ablation.means[layer].to(z)[None, None]
+                return mu + m * (z - mu)
+            return z * m
+        return fn
 
-    return [lm.out_proj(l).register_forward_pre_hook(make_hook(l)) for l in range(lm.n_layers)]
+    return [("z", l, scale(l)) for l in range(lm.n_layers)]
 
 
 def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tokens: int = GRADIENT_MAX_TOKENS,
@@ -127,28 +122,19 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
     total = 0.0
     was_training = lm.model.training
     base, dev = lm.model.base_model, lm.device
-    handles = _scaling_hooks(lm, mask, ablation)
     try:
-        for items in tqdm(batches, desc="gradient screen", disable=not progress_enabled(progress), leave=False):
-            seqs = sorted({j for i in items for j in seqs_of_item[i]})
-            row = {s: k for k, s in enumerate(seqs)}
-            ids, att = pad_right([enc.inputs[s][P:] for s in seqs], pad_id(lm))
-            ids, att = ids.to(dev), att.to(dev)
-            kw = {"use_cache": False}
-            if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
-                att, kw = prefix_kwargs(base, torch.tensor([prefix], device=dev), ids, att, len(seqs))
-            hidden = base(input_ids=ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
-            reads = enc.reads_of(seqs)
-            rows = torch.tensor([row[int(enc.read_seq[r])] for r in reads], device=dev)
-            pos = torch.tensor(enc.read_pos[reads] - P, device=dev)
-            lp, gap = read_stats(logits_at(lm, hidden[rows, pos]), torch.tensor(enc.read_tok[reads], device=dev),
-                                 enc.continues)
-            margins = _differentiable_margins(enc, lp, gap, reads, np.asarray(items))
-            (margins.sum() / enc.n_items).backward()
-            total += float(margins.sum().detach())
+        with hooks.hooked(lm, _scaling(lm, mask, ablation)):
+            for items in tqdm(batches, desc="gradient screen", disable=not progress_enabled(progress), leave=False):
+                b = read_batch(lm, enc, sorted({j for i in items for j in seqs_of_item[i]}), P)
+                att, kw = b.att, {"use_cache": False}
+                if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
+                    att, kw = prefix_kwargs(base, torch.tensor([prefix], device=dev), b.ids, att, len(b.ids))
+                hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
+                lp, gap = read_stats(logits_at(lm, hidden[b.rows, b.pos]), b.tok, enc.continues)
+                margins = _differentiable_margins(enc, lp, gap, b.reads, np.asarray(items))
+                (margins.sum() / enc.n_items).backward()
+                total += float(margins.sum().detach())
     finally:
-        for h in handles:
-            h.remove()
         lm.model.train(was_training)
         lm.model.zero_grad(set_to_none=True)
     grad = mask.grad.detach().cpu().numpy()  # [n_layers, n_heads]

@@ -30,68 +30,27 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import hooks
 from .ablation import Head, ablate_heads, all_heads, format_heads, head_name, parse_heads
 from .dynamics import rates
-from .models import wrap_model
 from .screening import plain_screen
 from .scoring import encode_task, plain_evaluate
 from .stats import fixes_breaks, mcnemar_exact
 from .tasks import Task
 from .theory import DEFAULT, WEAK_CONFLICT, Setup
+from .tiny import tiny_model
 
-# The tiny models: each catches a different mistake in a head ablation.
-_TINY = {
-    "llama": ("LlamaConfig",  # grouped KV heads: 4 query heads share 2 key/value heads
-              dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                   num_key_value_heads=2, max_position_embeddings=256)),
-    "gemma3": ("Gemma3TextConfig",  # head_dim 16 while hidden_size / heads = 12
-               dict(hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                    num_key_value_heads=1, head_dim=16, max_position_embeddings=256, sliding_window=8,
-                    layer_types=["sliding_attention", "sliding_attention", "full_attention"])),
-    "gpt_neox": ("GPTNeoXConfig",  # the output projection has a bias
-                 dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      max_position_embeddings=256)),
-}
-
-
-def _char_tokenizer():
-    """One token per printable character, with '<pad>' and '<eos>'."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1}
-    for c in string.printable:
-        vocab.setdefault(c, len(vocab))
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<eos>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>")
+# The tiny models: each catches a different mistake in a head ablation. llama: grouped key/value heads (4 query
+# heads share 2 key/value heads); gemma3: head_dim 16 while hidden_size / heads = 12; gpt_neox: the output
+# projection has a bias.
+CHECK_FAMILIES = ("llama", "gemma3", "gpt_neox")
 
 
 def tiny_lm(family: str = "llama", seed: int = 0):
-    """A tiny random model of ``family`` (llama, gemma3 or gpt_neox) with a character tokenizer, built from a
-    config (no download), wrapped as a :class:`~cel_utils.models.LoadedModel`. Weights are scaled up so that
-    every head visibly changes the logits. Built anew on every call (a check's mistake, such as a hook left
-    attached, cannot leak into the next check); the global torch random state is left as it was."""
-    import transformers
-
-    tok = _char_tokenizer()
-    cls_name, kw = _TINY[family]
-    cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **kw)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(cfg)
-    lm = wrap_model(model.float().eval(), tok, name=f"tiny-{family}")
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(seed + 1)
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(4.0)
-        for layer in range(lm.n_layers):  # a bias starts at zero; make it matter
-            bias = getattr(lm.out_proj(layer), "bias", None)
-            if bias is not None:
-                bias.normal_(0.0, 1.0)
-    return wrap_model(model, tok, name=f"tiny-{family}")
+    """A tiny random model of ``family`` for the checks (:func:`cel_utils.tiny.tiny_model` with a random output
+    bias, so that a bias mistake shows). Built anew on every call: a check's mistake, such as a hook left
+    attached, cannot leak into the next check."""
+    return tiny_model(family, seed=seed, bias_noise=True)
 
 
 @contextmanager
@@ -144,7 +103,7 @@ def check_ablation(fn: Callable, lm=None) -> None:
         check_ablation passed: 15 head sets on tiny-llama, tiny-gemma3, tiny-gpt_neox, ...
     """
     with _one_thread(lm is None):
-        _check_ablation(fn, [lm] if lm is not None else [tiny_lm(f) for f in _TINY])
+        _check_ablation(fn, [lm] if lm is not None else [tiny_lm(f) for f in CHECK_FAMILIES])
 
 
 def _check_ablation(fn: Callable, lms: list) -> None:
@@ -183,22 +142,21 @@ def _check_ablation(fn: Callable, lms: list) -> None:
 def _run_variant(lm, ids, slices: dict, bias_count: dict | None = None) -> torch.Tensor:
     """Logits with ``slices[layer]`` (a list of ``(start, stop)``) of the o_proj input zeroed and, for
     ``bias_count[layer] = k``, ``k`` times the o_proj bias subtracted from its output (a wrong ablation)."""
-    handles = []
-    for layer, spans in slices.items():
-        def pre(module, args, spans=spans):
-            x = args[0].clone()
+    def zero_spans(spans):
+        def fn(z):  # [batch, pos, head, d_head], zeroed as the flat o_proj input [batch, pos, head * d_head]
+            x = z.reshape(*z.shape[:2], -1).clone()
             for a, b in spans:
                 x[..., a:b] = 0
-            return (x,) + tuple(args[1:])
-        handles.append(lm.out_proj(layer).register_forward_pre_hook(pre))
-    for layer, k in (bias_count or {}).items():
-        handles.append(lm.out_proj(layer).register_forward_hook(lambda m, a, out, k=k: out - k * m.bias))
-    try:
-        with torch.no_grad():
-            return lm.model(input_ids=ids, use_cache=False).logits.float()
-    finally:
-        for h in handles:
-            h.remove()
+            return x.view(z.shape)
+        return fn
+
+    def minus_bias(layer, k):
+        return lambda out: out - k * lm.out_proj(layer).bias
+
+    points = [("z", layer, zero_spans(spans)) for layer, spans in slices.items()]
+    points += [("proj_out", layer, minus_bias(layer, k)) for layer, k in (bias_count or {}).items()]
+    with torch.no_grad(), hooks.hooked(lm, points):
+        return lm.model(input_ids=ids, use_cache=False).logits.float()
 
 
 def _ablation_hint(lm, ids, heads, got, base, tol) -> str:

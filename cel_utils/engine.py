@@ -5,7 +5,7 @@ full forward per head set over every (item, choice) sequence) and uses the struc
 
 * layers below the first ablated layer ``l`` are unchanged, so one clean pass per batch caches every
   layer's input residual ``[batch, pos, d_model]`` and ablated passes start at layer ``l``
-  (:func:`skip_layers_below`);
+  (:func:`cel_utils.hooks.skip_layers_below`);
 * several head sets are evaluated in one batched forward, one head set per group of rows;
 * logits are computed only at the positions that scoring reads;
 * each item's prompt is run once for all its one-token choices (see :mod:`cel_utils.scoring`), and a
@@ -20,9 +20,7 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,8 +28,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import cache
-from .ablation import Ablation, Head, HeadAblator, pad_id, pad_right, row_masks
+from . import cache, hooks
+from .ablation import Ablation, Head, HeadAblator, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
 
@@ -45,60 +43,6 @@ def forward_equivalents(n_layers: int, head_sets: Sequence[Sequence[Head]]) -> f
         2.5
     """
     return 1.0 + sum((n_layers - min(l for l, _ in hs)) / n_layers for hs in head_sets if hs)
-
-
-class _Stub(torch.nn.Module):
-    """Stands in for a decoder layer below the first ablated layer: returns a cached residual."""
-
-    def __init__(self, out: torch.Tensor | None):
-        super().__init__()
-        self.out = out
-
-    def forward(self, *args, **kwargs):
-        if self.out is not None:
-            return self.out
-        return args[0] if args else kwargs["hidden_states"]
-
-
-@contextmanager
-def skip_layers_below(lm, layer: int, residual: torch.Tensor | None):
-    """Run the model from ``layer`` up: decoder layers ``0 .. layer-1`` are replaced by stubs, the last of
-    which returns ``residual`` (the input of ``layer`` from a clean pass, ``[batch, pos, d_model]``).
-
-    The ``transformers`` contract this relies on (checked for every supported family by the engine-vs-plain
-    tests): the base model calls the entries of its decoder-layer list in order, passing the hidden states
-    as the first argument (or ``hidden_states=``), and uses a layer's return value, a tensor, as the next
-    layer's input. Rotary embeddings, masks and caches are computed outside the layers, so they are the same
-    as in a full pass. The original layers are always put back.
-    """
-    layers = lm.decoder_layers
-    originals = [layers[j] for j in range(layer)]
-    try:
-        for j in range(layer):
-            layers[j] = _Stub(residual if j == layer - 1 else None)
-        yield
-    finally:
-        for j, mod in enumerate(originals):
-            layers[j] = mod
-
-
-@contextmanager
-def capture_layer_inputs(lm):
-    """Record each decoder layer's input residual during a forward: yields a list ``[n_layers]`` of tensors."""
-    captured: list = [None] * lm.n_layers
-
-    def hook_for(j):
-        def hook(module, args, kwargs):
-            captured[j] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-
-    handles = [lm.decoder_layers[j].register_forward_pre_hook(hook_for(j), with_kwargs=True)
-               for j in range(lm.n_layers)]
-    try:
-        yield captured
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
@@ -122,10 +66,6 @@ def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
     return list(first[:n]) if n >= min_len else []
 
 
-def _cache_kw(base) -> str:
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
 def prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.Tensor, repeat: int):
     """Run the shared prefix ``prefix_ids [k, P]`` once, then give the body pass its keys/values.
 
@@ -138,7 +78,7 @@ def prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.
     pkv.batch_repeat_interleave(repeat)
     dev = ids.device
     att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
-    kw = {_cache_kw(base): pkv, "use_cache": True,
+    kw = {hooks.kv_cache_kwarg(base): pkv, "use_cache": True,
           "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)}
     return att, kw
 
@@ -184,7 +124,7 @@ def evaluate(lm, enc: EncodedTask, heads: Sequence[Head] = (), mode: str | Ablat
 
 
 @dataclass
-class _Batch:
+class ReadBatch:
     """One batch of input sequences (their suffixes after the shared prefix) and the reads they hold."""
 
     ids: torch.Tensor  # [B, pos]
@@ -229,7 +169,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     ablator = HeadAblator(lm, mode=ablation.mode, means=ablation.means).attach()
     prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
 
-    def run(b: _Batch, k, prefix_masks, body_masks, start=0, residual=None):
+    def run(b: ReadBatch, k, prefix_masks, body_masks, start=0, residual=None):
         """Forward k head sets x B sequences (rows are [set, sequence]), the body pass from layer ``start``;
         returns the last hidden states ``[k*B, pos, d_model]``. The shared prefix always runs in full."""
         ids, att, kw = b.ids.repeat(k, 1), b.att.repeat(k, 1), {"use_cache": False}
@@ -237,10 +177,10 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
             ablator.set_masks(prefix_masks)
             att, kw = prefix_kwargs(base, prefix_ids.repeat(k, 1), ids, att, len(b.ids))
         ablator.set_masks(body_masks)
-        with skip_layers_below(lm, start, residual):
+        with hooks.skip_layers_below(lm, start, residual):
             return base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
 
-    def score(b: _Batch, hidden, k):
+    def score(b: ReadBatch, hidden, k):
         B = len(b.ids)
         rows = (torch.arange(k, device=dev)[:, None] * B + b.rows[None]).reshape(-1)  # set j: rows j*B..
         lp, gap = read_stats(logits_at(lm, hidden[rows, b.pos.repeat(k)]), b.tok.repeat(k), enc.continues)
@@ -248,8 +188,8 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
 
     try:
         for seqs, forwards in zip(batches, plan):
-            b = _batch(lm, enc, seqs, P)
-            with capture_layer_inputs(lm) as captured:  # clean pass, caching every layer's input
+            b = read_batch(lm, enc, seqs, P)
+            with hooks.capture_layer_inputs(lm) as captured:  # clean pass, caching every layer's input
                 hidden = run(b, 1, None, None)
             residuals = list(captured)
             lp, gap = score(b, hidden, 1)
@@ -270,12 +210,14 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     return lp_out, gap_out
 
 
-def _batch(lm, enc: EncodedTask, seqs: list[int], P: int) -> _Batch:
+def read_batch(lm, enc: EncodedTask, seqs: list[int], P: int = 0) -> ReadBatch:
+    """Input sequences ``seqs`` of a task (their tokens after the first ``P``, the shared prefix), right-padded on
+    the model's device, with the reads they hold: which batch row, which position, which token."""
     dev = lm.device
-    ids, att = pad_right([enc.inputs[i][P:] for i in seqs], pad_id(lm))
+    ids, att = hooks.pad_right([enc.inputs[i][P:] for i in seqs], hooks.pad_id(lm))
     reads = enc.reads_of(seqs)
     row_of_seq = {s: r for r, s in enumerate(seqs)}
-    return _Batch(ids=ids.to(dev), att=att.to(dev), reads=reads,
+    return ReadBatch(ids=ids.to(dev), att=att.to(dev), reads=reads,
                   rows=torch.tensor([row_of_seq[int(s)] for s in enc.read_seq[reads]], device=dev),
                   pos=torch.tensor(enc.read_pos[reads] - P, device=dev),
                   tok=torch.tensor(enc.read_tok[reads], device=dev))

@@ -29,43 +29,27 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from .ablation import Head, ablate_heads, head_name, pad_id, pad_right
+from . import hooks
+from .ablation import Head, ablate_heads, head_name
 from .errors import CELError
 from .engine import evaluate
 from .scoring import STOP, encode_task, logits_at, read_stats
 
-# family -> (path to the final norm, name of a norm applied to the attention output inside a layer, or None)
-RESIDUAL_PATHS: dict[str, tuple[str, str | None]] = {
-    "llama": ("model.norm", None),
-    "qwen2": ("model.norm", None),
-    "mistral": ("model.norm", None),
-    "gemma3": ("model.norm", "post_attention_layernorm"),
-    "gpt2": ("transformer.ln_f", None),
-    "gpt_neox": ("gpt_neox.final_layer_norm", None),
-}
 TOP_TOKENS = 10  # promoted / suppressed tokens listed per head
 
 
-def _attr(obj, dotted: str):
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def final_norm(lm) -> torch.nn.Module:
-    return _attr(lm.model, RESIDUAL_PATHS[lm.family][0])
+    return hooks.final_norm(lm)
 
 
 def post_attention_norm(lm, layer: int) -> torch.nn.Module | None:
-    name = RESIDUAL_PATHS[lm.family][1]
-    return None if name is None else getattr(lm.decoder_layers[layer], name)
+    return hooks.post_attention_norm(lm, layer)
 
 
 def frozen_norm(norm: torch.nn.Module, ref: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
@@ -120,11 +104,9 @@ class Reads:
 def _logits_rows(lm, seqs: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], batch_size: int = 16
                  ) -> list[torch.Tensor]:
     """Model logits ``[len(positions[i]), vocab]`` at the given positions of each sequence."""
-    out, pad = [], pad_id(lm)
-    for b in range(0, len(seqs), batch_size):
-        ids, att = pad_right(seqs[b:b + batch_size], pad)
-        hidden = lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device),
-                                     use_cache=False).last_hidden_state  # [batch, pos, d]
+    out = []
+    for b, ids, att in hooks.padded_batches(lm, seqs, batch_size):
+        hidden = hooks.hidden_states(lm, ids, att)  # [batch, pos, d]
         for r, pos in enumerate(positions[b:b + batch_size]):
             out.append(logits_at(lm, hidden[r, list(pos)]).float().cpu())  # [len(pos), vocab]
     return out
@@ -186,34 +168,21 @@ class Trace:
         return len(self.head_in)
 
 
-@contextmanager
-def _capture(lm, store: dict, positions: torch.Tensor):
-    """Hooks that keep, at the read positions, the inputs and outputs a :class:`Trace` needs."""
+def _capture_points(lm, store: dict, positions: torch.Tensor) -> list:
+    """Read-only hooks that keep, at the read positions, the inputs and outputs a :class:`Trace` needs."""
     rows = torch.arange(len(positions))
 
-    def put(key, x):
-        if isinstance(x, tuple):
-            x = x[0]
-        store.setdefault(key, x[rows, positions].detach().float().cpu())  # [n, features]
+    def keep(key, flat=False):
+        def fn(x):
+            x = x[rows, positions]  # [n, features] ([n, head, d_head] at z)
+            store.setdefault(key, (x.reshape(len(rows), -1) if flat else x).detach().float().cpu())
+        return fn
 
-    handles = []
-    layers = lm.decoder_layers
+    points = [("resid_pre", 0, keep("layer_in0")), ("final", None, keep("final"))]
     for l in range(lm.n_layers):
-        proj = lm.out_proj(l)
-        handles.append(proj.register_forward_pre_hook(lambda m, args, l=l: put(("head_in", l), args[0])))
-        handles.append(proj.register_forward_hook(lambda m, args, o, l=l: put(("proj_out", l), o)))
-        post = post_attention_norm(lm, l)
-        if post is not None:
-            handles.append(post.register_forward_hook(lambda m, args, o, l=l: put(("attn_out", l), o)))
-        handles.append(layers[l].register_forward_hook(lambda m, args, o, l=l: put(("layer_out", l), o)))
-    handles.append(layers[0].register_forward_pre_hook(
-        lambda m, args, kwargs: put("layer_in0", args[0] if args else kwargs["hidden_states"]), with_kwargs=True))
-    handles.append(final_norm(lm).register_forward_pre_hook(lambda m, args: put("final", args[0])))
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
+        points += [("z", l, keep(("head_in", l), flat=True)), ("proj_out", l, keep(("proj_out", l))),
+                   ("attn_out", l, keep(("attn_out", l))), ("resid_post", l, keep(("layer_out", l)))]
+    return points
 
 
 def unembed(lm) -> torch.Tensor:
@@ -238,23 +207,14 @@ def _diff(lm, reads: Reads, final: torch.Tensor) -> torch.Tensor:
 def _run(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) -> dict:
     """One pass over the reads (heads ablated, if any), keeping the :class:`Trace` tensors."""
     parts: list[dict] = []
-    pad = pad_id(lm)
-    ctx = ablate_heads(lm, list(heads)) if heads else _nothing()
-    with ctx:
-        for b in range(0, len(reads), batch_size):
-            chunk = reads.inputs[b:b + batch_size]
-            ids, att = pad_right(chunk, pad)
-            pos = torch.tensor([len(s) - 1 for s in chunk])
+    with ablate_heads(lm, list(heads)):
+        for b, ids, att in hooks.padded_batches(lm, reads.inputs, batch_size):
+            pos = torch.tensor([len(s) - 1 for s in reads.inputs[b:b + batch_size]])
             store: dict = {}
-            with _capture(lm, store, pos):  # the base model: no logits needed here
-                lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device), use_cache=False)
+            with hooks.hooked(lm, _capture_points(lm, store, pos)):  # the base model: no logits needed here
+                hooks.hidden_states(lm, ids, att)
             parts.append(store)
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-
-
-@contextmanager
-def _nothing():
-    yield
 
 
 def trace(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) -> Trace:
@@ -263,7 +223,7 @@ def trace(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) ->
         raise CELError("no reads to trace: every item was left out")
     s = _run(lm, reads, heads=heads, batch_size=batch_size)
     L = lm.n_layers
-    attn = [s[("attn_out", l)] if ("attn_out", l) in s else s[("proj_out", l)] for l in range(L)]
+    attn = [s[("attn_out", l)] for l in range(L)]
     return Trace(reads=reads, head_in=[s[("head_in", l)] for l in range(L)],
                  proj_out=[s[("proj_out", l)] for l in range(L)], attn_out=attn, layer_in0=s["layer_in0"],
                  layer_out=[s[("layer_out", l)] for l in range(L)], final=s["final"],
@@ -441,56 +401,27 @@ def top_tokens(lm, head_logits: np.ndarray, rows=None, k: int = TOP_TOKENS) -> t
     return rows_of(order[::-1][:k]), rows_of(order[:k])
 
 
-@contextmanager
-def eager_attention(lm):
-    """Run with the eager attention implementation (which returns attention weights); restored on exit."""
-    cfg = lm.model.config
-    before = getattr(cfg, "_attn_implementation", None)
-    if before == "eager":
-        yield
-        return
-    lm.model.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        lm.model.set_attn_implementation(before)
-
-
-ATTENTION_MODULES = {"llama": "self_attn", "qwen2": "self_attn", "mistral": "self_attn", "gemma3": "self_attn",
-                     "gpt2": "attn", "gpt_neox": "attention"}
-
-
-def attention_module(lm, layer: int) -> torch.nn.Module:
-    return getattr(lm.decoder_layers[layer], ATTENTION_MODULES[lm.family])
-
-
 @torch.no_grad()
 def attention(lm, reads: Reads, heads: Sequence[Head], batch_size: int = 16) -> dict[Head, list[np.ndarray]]:
     """Each head's attention at the read position over the tokens up to it: ``head -> [weights per read]``
     (each a vector of length ``len(input)`` that sums to 1). Uses the eager attention path for this pass only."""
     layers = sorted({l for l, _ in heads})
     out: dict[Head, list[np.ndarray]] = {h: [] for h in heads}
-    pad = pad_id(lm)
-    with eager_attention(lm):
-        for b in range(0, len(reads), batch_size):
-            chunk = reads.inputs[b:b + batch_size]
-            ids, att = pad_right(chunk, pad)
+
+    def keep(got, l):
+        def fn(w):  # [batch, head, query, key]
+            got[l] = w.detach().float().cpu()
+        return fn
+
+    with hooks.eager_attention(lm):
+        for b, ids, att in hooks.padded_batches(lm, reads.inputs, batch_size):
             got: dict = {}
-            hs = [attention_module(lm, l).register_forward_hook(
-                lambda m, a, o, l=l: got.__setitem__(l, o[1].detach().float().cpu())) for l in layers]
-            try:
-                lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device),
-                                    use_cache=False)
-            finally:
-                for h in hs:
-                    h.remove()
-            for r, s in enumerate(chunk):
+            with hooks.hooked(lm, [("pattern", l, keep(got, l)) for l in layers]):
+                hooks.hidden_states(lm, ids, att)
+            for r, s in enumerate(reads.inputs[b:b + batch_size]):
                 p = len(s) - 1
                 for (l, h) in heads:
-                    w = got.get(l)
-                    if w is None:
-                        raise CELError(f"layer {l} returned no attention weights")
-                    out[(l, h)].append(w[r, h, p, :p + 1].numpy())  # [batch, head, query, key]
+                    out[(l, h)].append(got[l][r, h, p, :p + 1].numpy())
     return out
 
 

@@ -20,28 +20,8 @@ from typing import Any
 
 import torch
 
+from . import hooks
 from .errors import CELError
-
-# Families whose attention output projection we know how to find.
-# family -> (path to the list of decoder layers, path inside a layer to the output projection)
-FAMILIES: dict[str, tuple[str, str]] = {
-    "llama": ("model.layers", "self_attn.o_proj"),
-    "gemma3": ("model.layers", "self_attn.o_proj"),
-    "qwen2": ("model.layers", "self_attn.o_proj"),
-    "mistral": ("model.layers", "self_attn.o_proj"),
-    "gpt2": ("transformer.h", "attn.c_proj"),
-    "gpt_neox": ("gpt_neox.layers", "attention.dense"),
-}
-_MODEL_TYPE_TO_FAMILY = {
-    "llama": "llama",
-    "gemma3": "gemma3",
-    "gemma3_text": "gemma3",
-    "qwen2": "qwen2",
-    "mistral": "mistral",
-    "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox",
-}
-
 
 @dataclass(frozen=True)
 class BuiltinModel:
@@ -119,23 +99,17 @@ class LoadedModel:
 
     @property
     def decoder_layers(self) -> torch.nn.ModuleList:
-        """The model's live list of decoder layers (assigning an entry replaces that layer in the model)."""
-        return _get_attr(self.model, FAMILIES[self.family][0])
+        """The model's live list of decoder layers (:func:`cel_utils.hooks.decoder_layers`)."""
+        return hooks.decoder_layers(self)
 
     def out_proj(self, layer: int) -> torch.nn.Module:
-        """The attention output projection of `layer` (its input is the concatenated heads)."""
-        return _get_attr(self.decoder_layers[layer], FAMILIES[self.family][1])
+        """The attention output projection of `layer` (:func:`cel_utils.hooks.out_proj`)."""
+        return hooks.out_proj(self, layer)
 
     def info(self) -> dict:
         return {"model": self.name, "family": self.family, "n_layers": self.n_layers,
                 "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim,
                 "weights_hash": self.weights_hash}
-
-
-def _get_attr(obj: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def file_hash(paths: list[Path]) -> str:
@@ -161,9 +135,7 @@ def wrap_model(model: Any, tokenizer: Any, name: str = "custom", weights_hash: s
     """Wrap an already-built transformers causal LM (e.g. a tiny random model in tests)."""
     cfg = model.config
     mtype = getattr(cfg, "model_type", "")
-    family = _MODEL_TYPE_TO_FAMILY.get(mtype)
-    if family is None:
-        raise CELError(f"unsupported model family {mtype!r}; supported: {', '.join(sorted(FAMILIES))}")
+    family = hooks.family_of(mtype)
     text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     n_layers = getattr(text_cfg, "num_hidden_layers", None) or getattr(text_cfg, "n_layer")
     n_heads = getattr(text_cfg, "num_attention_heads", None) or getattr(text_cfg, "n_head")

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .ablation import Ablation, HeadAblator, head_mask, pad_id, pad_right
+from . import hooks
+from .ablation import Ablation, HeadAblator, head_mask
 from .errors import CELError
 
 
@@ -232,9 +233,7 @@ def read_stats(logits: torch.Tensor, tokens: torch.Tensor, continues: torch.Tens
 def logits_at(lm, hidden: torch.Tensor) -> torch.Tensor:
     """Apply the LM head (and Gemma's final soft-cap, if any) to selected hidden states ``[reads, d]``."""
     logits = lm.model.get_output_embeddings()(hidden)
-    cfg = lm.model.config
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    cap = getattr(cfg, "final_logit_softcapping", None)
+    cap = hooks.softcap(lm)
     if cap:
         logits = torch.tanh(logits / cap) * cap
     return logits
@@ -271,12 +270,9 @@ def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zer
     try:
         ablator.set_masks(head_mask(lm, list(heads)) if heads else None)
         lps, gaps, ri, rc = [], [], [], []
-        pad = pad_id(lm)
-        for b in range(0, len(enc.full), batch_size):
+        for b, ids, att in hooks.padded_batches(lm, [w for _, _, w, _ in enc.full], batch_size):
             chunk = enc.full[b:b + batch_size]
-            ids, att = pad_right([w for _, _, w, _ in chunk], pad)
-            logits = lm.model(input_ids=ids.to(lm.device), attention_mask=att.to(lm.device),
-                              use_cache=False).logits  # [batch, pos, vocab]
+            logits = lm.model(input_ids=ids, attention_mask=att, use_cache=False).logits  # [batch, pos, vocab]
             logp = torch.log_softmax(logits.float(), dim=-1)
             for r, (i, c, whole, nctx) in enumerate(chunk):
                 pos = torch.arange(nctx - 1, len(whole) - 1, device=logp.device)

@@ -1,5 +1,4 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +14,8 @@ import tempfile  # noqa: E402
 os.environ["CEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cel_cache_")
 atexit.register(shutil.rmtree, os.environ["CEL_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("CEL_MODELS_DIR", str(Path.home() / ".cache" / "cel_utils" / "models"))
-sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402
+from cel_utils.tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402
 
 FAMILIES = list(FAMILY_CONFIGS)
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from cel_utils.ablation import (HeadAblator, ablate_heads, compute_head_means, format_heads, head_mask,
-                                pad_right, parse_heads)
+from cel_utils.ablation import HeadAblator, ablate_heads, compute_head_means, format_heads, head_mask, parse_heads
+from cel_utils.hooks import pad_right
 from cel_utils.errors import CELError
 
 
@@ -90,7 +90,7 @@ def test_query_head_ablation_matches_weight_zeroing(tiny):
 
 def test_gqa_siblings_are_distinct():
     """Query heads sharing one KV head (MQA: all of them) have different ablation effects."""
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     lm = tiny_model("mistral")  # 4 query heads, 1 KV head
     assert lm.n_kv_heads == 1 and lm.n_heads == 4
@@ -145,7 +145,7 @@ def test_mean_ablation_replaces_by_mean(tiny_llama):
 
 
 def test_bad_mode():
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     with pytest.raises(CELError):
         HeadAblator(tiny_model("llama"), mode="resample")

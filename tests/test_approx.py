@@ -17,7 +17,7 @@ PLANTED = [(1, 2), (2, 0)]
 @pytest.fixture(scope="module")
 def planted():
     """A tiny Llama whose heads are all near-silent except two: only those two can matter."""
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     lm = tiny_model("llama", seed=3)
     D = lm.head_dim
@@ -70,7 +70,7 @@ def test_agreement_measures(planted):
 
 
 def test_cli_method_recorded(tmp_path, capsys):
-    from tiny import save_tiny, tiny_model
+    from cel_utils.tiny import save_tiny, tiny_model
 
     d = save_tiny(tmp_path / "m", "llama")
     lm = tiny_model("llama")

@@ -474,7 +474,7 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path):
 def test_joint_search_chapter_in_mean_mode(tmp_path):
     """Chapter 2 with mode="mean" runs end to end (on a user's own model folder: a tiny Llama)."""
     import papermill as pm
-    from tiny import save_tiny
+    from cel_utils.tiny import save_tiny
 
     d = save_tiny(tmp_path / "model", "llama")
     params = {"models": [d], "tasks": {d: ["agreement", "sentiment"]}, "cost_tasks": {d: ["agreement", "sentiment"]},

@@ -79,7 +79,7 @@ def test_weights_edited_in_place_invalidate_cached_results(tmp_path, monkeypatch
     from cel_utils.engine import evaluate_head_sets
     from cel_utils.scoring import encode_task
     from cel_utils.tasks import load_task
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CEL_NO_CACHE", raising=False)
@@ -100,7 +100,7 @@ def test_screen_resumes_from_finished_chunks(tmp_path, monkeypatch):
     """A screen is cached chunk by chunk: with one chunk's entry gone (never finished), a second run reads the
     others back, computes only that one, and gives the same numbers as heads evaluated one by one."""
     from cel_utils.screening import screen
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("CEL_NO_CACHE", raising=False)

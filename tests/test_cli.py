@@ -12,7 +12,7 @@ from cel_utils.defaults import SEARCH_POOL_MAX
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny Llama saved as a local folder: exercises loading a user's own model."""
-    from tiny import save_tiny
+    from cel_utils.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny_llama"), "llama")
 
@@ -153,7 +153,7 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
 @pytest.fixture(scope="module")
 def harm(tmp_path_factory):
     """A tiny Llama with one planted harmful head (tiny.HARMFUL_HEAD) and its JSONL items (split fields)."""
-    from tiny import save_harmful
+    from cel_utils.tiny import save_harmful
 
     return save_harmful(tmp_path_factory.mktemp("tiny_harm"))
 
@@ -182,7 +182,7 @@ def test_screen_statistics_and_heldout(harm, tmp_path, capsys):
     """A model with a planted harmful head: exactly that head is a candidate; every head's p- and q-values match
     scipy on separate `cel eval` runs; only the candidate gets held-out figures, equal to a `cel eval` of it on
     the held-out split."""
-    from tiny import HARMFUL_HEAD
+    from cel_utils.tiny import HARMFUL_HEAD
 
     model, task = harm
     out = tmp_path / "s.json"
@@ -255,7 +255,7 @@ def test_screen_confirm_contract(harm, tmp_path, capsys):
     """cel screen --confirm C --top K: the top K heads by margin re-tested on C confirm items. On a model with a
     planted harmful head, that head is confirmed and the others are not; fixes, breaks, p- and q-values match
     scipy on separate `cel eval` runs on the confirm split (another code path)."""
-    from tiny import HARMFUL_HEAD
+    from cel_utils.tiny import HARMFUL_HEAD
 
     model, task = harm
     out = tmp_path / "c.json"
@@ -384,7 +384,7 @@ def dropping_dir(tmp_path_factory):
     """A tiny Llama whose tokenizer deletes "~" (a normalizer), so a non-blank text can have no tokens."""
     from tokenizers import normalizers
 
-    from tiny import char_tokenizer, tiny_model
+    from cel_utils.tiny import char_tokenizer, tiny_model
 
     folder = tmp_path_factory.mktemp("tiny_dropping")
     tok = char_tokenizer()

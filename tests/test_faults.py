@@ -35,7 +35,7 @@ def _json(path):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tiny import save_tiny
+    from cel_utils.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny_faults"), "llama")
 

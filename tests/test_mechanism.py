@@ -12,7 +12,7 @@ import torch
 from cel_utils import mechanism as M
 from cel_utils.cli import main
 from cel_utils.tasks import Task
-from tiny import HARMFUL_HEAD, harm_items, save_tiny, tiny_model
+from cel_utils.tiny import HARMFUL_HEAD, harm_items, save_tiny, tiny_model
 
 
 def _task(kind: str, n: int = 12) -> Task:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from cel_utils.ablation import ablate_heads, pad_right
+from cel_utils.ablation import ablate_heads
+from cel_utils.hooks import pad_right
 from cel_utils.errors import CELError
 from cel_utils.models import load_model
 from cel_utils.engine import evaluate

@@ -9,7 +9,7 @@ from cel_utils.cli import main
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tiny import save_tiny
+    from cel_utils.tiny import save_tiny
 
     return save_tiny(tmp_path_factory.mktemp("tiny_gemma"), "gemma3")
 

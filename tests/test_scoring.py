@@ -121,7 +121,7 @@ def test_tied_choices_count_as_wrong():
     """A tie is wrong (correct False, margin 0), whichever of the tied choices is the answer; lm-eval's argmax
     would instead count the first of tied choices right. Exact ties are built into the model: the unembedding
     rows of "a" and "b" are made equal, so the two tokens get identical logits at every position."""
-    from tiny import tiny_model
+    from cel_utils.tiny import tiny_model
 
     lm = tiny_model("llama", seed=11)  # a fresh copy: its weights are edited below
     a, b = (lm.tokenizer(c)["input_ids"][0] for c in "ab")

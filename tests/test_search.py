@@ -113,7 +113,7 @@ def test_cel_search_json(tmp_path, capsys):
     import json
 
     from cel_utils.cli import main
-    from tiny import save_tiny
+    from cel_utils.tiny import save_tiny
 
     d = save_tiny(tmp_path / "m", "llama")
     scr = tmp_path / "screen.json"
@@ -165,7 +165,7 @@ def test_cel_search_sum_of_singles_on_planted_head(tmp_path):
     import json
 
     from cel_utils.cli import main
-    from tiny import HARMFUL_HEAD, save_harmful
+    from cel_utils.tiny import HARMFUL_HEAD, save_harmful
 
     model, task = save_harmful(tmp_path / "m")
     out = tmp_path / "search.json"

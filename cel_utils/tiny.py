@@ -1,4 +1,16 @@
-"""Tiny random-init models of every supported family, built from a config (no download)."""
+"""Tiny random models of every supported family, built from a config (no download): the tests' models and the
+exercise checks' (:mod:`cel_utils.checks`).
+
+* :func:`tiny_model`: a random model of one family with a character tokenizer, weights scaled up so that every
+  head visibly changes the logits;
+* :func:`harmful_head_model`: a tiny Llama with one planted head whose removal turns every item right;
+* :func:`save_tiny`, :func:`save_harmful`: the same as a local model folder, as a user's own model would be.
+
+Example:
+    >>> lm = tiny_model("gpt_neox")
+    >>> lm.family, lm.n_layers, lm.n_heads
+    ('gpt_neox', 2, 4)
+"""
 
 from __future__ import annotations
 
@@ -6,7 +18,8 @@ import string
 
 import torch
 
-from cel_utils.models import wrap_model
+from . import hooks
+from .models import wrap_model
 
 FAMILY_CONFIGS = {
     "llama": ("LlamaConfig", dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3,
@@ -41,20 +54,31 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>")
 
 
-def tiny_model(family: str = "llama", seed: int = 0):
+def tiny_model(family: str = "llama", seed: int = 0, bias_noise: bool = False):
+    """A tiny random model of ``family`` with a character tokenizer, wrapped as a
+    :class:`~cel_utils.models.LoadedModel`. Weights are scaled up (x4) so that every head visibly changes the
+    logits; with ``bias_noise`` the output projection's bias, where the family has one, is drawn from N(0, 1) so
+    that it matters. Built anew on every call; the global torch random state is left as it was."""
     import transformers
 
     tok = char_tokenizer()
     cls_name, kw = FAMILY_CONFIGS[family]
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **kw)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
-    # random init is small; scale up so that heads matter and logits differ visibly
-    with torch.no_grad():
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed + 1)
         for p in model.parameters():
             if p.dim() >= 2:
                 p.mul_(4.0)
-    return wrap_model(model.float().eval(), tok, name=f"tiny-{family}")
+        lm = wrap_model(model.float().eval(), tok, name=f"tiny-{family}")
+        if bias_noise:
+            for layer in range(lm.n_layers):  # a bias starts at zero; make it matter
+                bias = getattr(lm.out_proj(layer), "bias", None)
+                if bias is not None:
+                    bias.normal_(0.0, 1.0)
+    return wrap_model(model, tok, name=f"tiny-{family}") if bias_noise else lm
 
 
 def save_tiny(folder, family: str = "llama") -> str:
@@ -101,15 +125,9 @@ def harmful_head_model(items: list[dict], seed: int = 3):
     ia, ib = (tok(c)["input_ids"][0] for c in "ab")
     unembed = lm.model.get_output_embeddings()
 
-    def final_states():
-        got = []
-        hook = unembed.register_forward_pre_hook(lambda m, a: got.append(a[0][0, -1].clone()))
-        try:
-            for it in items:
-                lm.model(input_ids=torch.tensor([tok(it["prompt"])["input_ids"]]))
-        finally:
-            hook.remove()
-        return torch.stack(got)
+    def final_states():  # the final norm's output at the last position: what the unembedding reads
+        return torch.stack([hooks.hidden_states(lm, torch.tensor([tok(it["prompt"])["input_ids"]]), None)[0, -1]
+                            for it in items])
 
     with torch.no_grad():
         for l in range(lm.n_layers):
