@@ -37,7 +37,38 @@ def head_name(head: Head) -> str:
 
 
 def format_heads(heads: Iterable[Head]) -> str:
+    """A *list* of heads as the command line takes it: ``"L0H6,L1H1"`` (see :func:`format_set` for a set's name)."""
     return ",".join(head_name(h) for h in heads)
+
+
+def format_set(heads: Iterable[Head]) -> str:
+    """The name of a head set removed together: its heads joined by ``+`` (one head: its own name).
+
+    Example:
+        >>> format_set([(1, 2), (3, 4)]), format_set([(13, 0)])
+        ('L1H2+L3H4', 'L13H0')
+    """
+    return "+".join(head_name(h) for h in heads)
+
+
+def parse_set(name: str) -> list[Head]:
+    """The heads of a set named by :func:`format_set` (``+``; a ``,``-separated list is read too).
+
+    Example:
+        >>> parse_set("L1H2+L3H4")
+        [(1, 2), (3, 4)]
+    """
+    return parse_heads(name.replace("+", ","))
+
+
+def layer_of(name: str) -> int:
+    """The layer of a head named ``L{layer}H{head}``.
+
+    Example:
+        >>> layer_of("L13H0")
+        13
+    """
+    return parse_heads(name)[0][0]
 
 
 def parse_heads(spec: str | Iterable, n_layers: int | None = None, n_heads: int | None = None) -> list[Head]:

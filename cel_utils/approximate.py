@@ -149,7 +149,7 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
 # ---------------------------------------------------------------------------------------------
 def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | None = None,
                       mode: str | Ablation = "zero", means=None, seed: int = 0, enc: EncodedTask | None = None,
-                      progress: bool = False, use_cache: bool | None = None) -> ApproxScreen:
+                      progress: bool = False, result_cache: bool | None = None) -> ApproxScreen:
     """Compressed-sensing screen (Bair et al. 2026): random knockouts, then a sparse regression.
 
     Each of ``n_evaluations`` evaluations ablates a random subset of heads (each head with probability
@@ -170,7 +170,7 @@ def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | Non
     sets = [[heads[j] for j in np.flatnonzero(x)] for x in X]
     t0 = time.perf_counter()
     res = evaluate_head_sets(lm, enc, [[]] + sets, mode=ablation, progress=progress,
-                             desc="compressed-sensing knockouts", use_cache=use_cache)
+                             desc="compressed-sensing knockouts", result_cache=result_cache)
     y = res.mean_margin[1:] - res.mean_margin[0]
     model = LassoCV(cv=LASSO_CV, alphas=LASSO_N_ALPHAS, random_state=seed, max_iter=LASSO_MAX_ITER)
     model.fit(X.astype(float), y)
@@ -220,11 +220,11 @@ def benchmark(lm, task, n_plain_heads: int = 6, compressed_evals: int = 60, appr
     """
     enc = encode_task(lm, task)
     spread = spread_heads(lm, n_plain_heads)
-    screen(lm, task, heads=spread[:1], enc=enc, progress=False, use_cache=False)  # warm-up, not timed
+    screen(lm, task, heads=spread[:1], enc=enc, progress=False, result_cache=False)  # warm-up, not timed
     t0 = time.perf_counter()
-    evaluate(lm, enc, use_cache=False)
+    evaluate(lm, enc, result_cache=False)
     t_clean = time.perf_counter() - t0
-    e = screen(lm, task, heads=spread, enc=enc, progress=False, use_cache=False)
+    e = screen(lm, task, heads=spread, enc=enc, progress=False, result_cache=False)
     p = plain_screen(lm, task, heads=spread, enc=enc, progress=False)
     frac = float(np.mean([(lm.n_layers - l) / lm.n_layers for l, _ in spread]))
     speed = {"model": lm.name, "task": task.name, "items": len(task), "plain sequences": len(enc.full),
@@ -236,10 +236,10 @@ def benchmark(lm, task, n_plain_heads: int = 6, compressed_evals: int = 60, appr
              "accuracy identical": bool(np.array_equal(e.results.correct, p.results.correct))}
     agreement = []
     if approx:
-        ex = screen(lm, task, enc=enc, progress=False, use_cache=None if exact_from_cache else False)
+        ex = screen(lm, task, enc=enc, progress=False, result_cache=None if exact_from_cache else False)
         for ap in (gradient_screen(lm, task, enc=enc),
                    compressed_screen(lm, task, enc=enc, n_evaluations=compressed_evals or None, seed=0,
-                                     use_cache=False)):
+                                     result_cache=False)):
             row = compare_to_exact(ex, ap, k=k)
             row.update(model=lm.name, task=task.name, heads=len(ex.heads), cheaper_by=ex.seconds / ap.seconds,
                        cheaper_by_forward_equivalents=row["exact_forward_equivalents"] / ap.forward_equivalents)

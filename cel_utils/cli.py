@@ -184,17 +184,10 @@ def cmd_screen(args):
         emit(out, args.out)
         return
     sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet, max_tokens=args.max_tokens)
-    out["baseline"] = {"accuracy": float(sc.baseline.accuracy[0]), "mean_margin": float(sc.baseline.mean_margin[0])}
-    tab = sc.stats(seed=args.seed, fdr=args.fdr)
-    out["candidate_rule"] = defaults.candidate_rule(args.fdr)
-    out["fdr"] = args.fdr
-    out["heads"] = [{"layer": int(r.layer), "head": int(r.head_index), "accuracy": float(r.accuracy),
-                     "mean_margin": float(r.mean_margin), "delta_accuracy": float(r.delta_accuracy),
-                     "delta_margin": float(r.delta_margin), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
-                     "p_value": float(r.p_value), "q_value": float(r.q_value),
-                     "margin_ci_low": float(r.margin_ci_low), "margin_ci_high": float(r.margin_ci_high),
-                     "candidate": bool(r.candidate)} for r in tab.itertuples()]
-    cands = [(int(r.layer), int(r.head_index)) for r in tab.itertuples() if r.candidate]
+    rec = sc.record(seed=args.seed, fdr=args.fdr)
+    timing = rec.pop("timing")
+    out.update(rec)
+    cands = [(h["layer"], h["head"]) for h in out["heads"] if h["candidate"]]
     if args.heldout and cands:
         held = _heldout_check(lm, args, cands, ablation)
         for h in out["heads"]:
@@ -202,9 +195,7 @@ def cmd_screen(args):
                 h["heldout"] = held[f"L{h['layer']}H{h['head']}"]
     if args.confirm is not None:
         out["confirm"] = _confirm(lm, sc, args, ablation)
-    out["timing"] = {"seconds": round(sc.seconds, 3)}
-    if sc.meta.get("resumed_chunks"):
-        out["timing"]["resumed_chunks"] = sc.meta["resumed_chunks"]
+    out["timing"] = timing
     emit(out, args.out)
 
 
@@ -388,13 +379,14 @@ def cmd_merge(args):
     out = {k: v for k, v in parts[0].items() if k not in ("shard", "_shard", "heads", "timing")}
     if parts[0]["method"] == "exact":
         # BH depends on every head: a shard's q-values and candidate flags are recomputed over the whole screen
+        from .screening import is_candidate
         from .stats import benjamini_hochberg
 
         fdr = out.get("fdr", defaults.FDR)
         q = benjamini_hochberg([h["p_value"] for h in heads])
         for h, qq in zip(heads, q):
             h["q_value"] = float(qq)
-            h["candidate"] = bool(h["delta_accuracy"] > 0 and qq < fdr and h["margin_ci_low"] > 0)
+            h["candidate"] = bool(is_candidate(h["delta_accuracy"], qq, h["margin_ci_low"], fdr))
     out["heads"] = heads
     out["timing"] = {"seconds": round(sum(_shard_seconds(p) for p in parts), 3), "shards": len(parts)}
     emit(out, args.out)
@@ -408,7 +400,7 @@ def _shard_seconds(p: dict) -> float:
 
 def cmd_explain(args):
     from .ablation import check_head_spec, parse_heads
-    from . import mechanism
+    from .explanation import profile
 
     check_out(args.out)
     check_head_spec(args.head)
@@ -423,15 +415,13 @@ def cmd_explain(args):
     heads = parse_heads(args.head, lm.n_layers, lm.n_heads)
     if len(heads) != 1:
         raise CELError(f"--head takes one head, e.g. L13H0; got {args.head!r}")
-    ex = mechanism.explain(lm, task, heads[0])
-    weights = mechanism.attention(lm, ex.reads, heads)[heads[0]]
     out = _header(lm, task, args)
-    out.update(mechanism.report(lm, ex, weights))
+    out.update(profile(lm, task, heads[0]).record(lm.tokenizer))
     emit(out, args.out)
 
 
 def cmd_theory(args):
-    from . import theory
+    from . import dynamics, theory
 
     check_out(args.out)
     if args.heads < 1:
@@ -441,7 +431,7 @@ def cmd_theory(args):
     if args.steps < 1:
         raise CELError("--steps must be at least 1")
     res = theory.run(n_heads=args.heads, sigma=args.sigma, seed=args.seed, steps=args.steps, lr=args.lr)
-    emit(res.summary(), args.out)
+    emit(dynamics.run_record(res), args.out)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -69,7 +69,7 @@ def paired_table(names: Sequence[str], baseline: ItemResults, results: ItemResul
 
 def compare_sets(lm, task_or_enc, named_sets: dict[str, Sequence[Head]], mode: str | Ablation = "zero",
                  means=None, n_boot: int = N_BOOT, seed: int = 0, alpha: float = ALPHA, progress: bool = False,
-                 use_cache: bool | None = None) -> Comparison:
+                 result_cache: bool | None = None) -> Comparison:
     """Evaluate the unablated model and every named head set (heads of a set removed together) on the same
     items, in one batched engine call, and pair each set against the baseline.
 
@@ -79,7 +79,7 @@ def compare_sets(lm, task_or_enc, named_sets: dict[str, Sequence[Head]], mode: s
     enc = task_or_enc if isinstance(task_or_enc, EncodedTask) else encode_task(lm, task_or_enc)
     names = list(named_sets)
     res = evaluate_head_sets(lm, enc, [[]] + [list(named_sets[k]) for k in names], mode=mode, means=means,
-                             progress=progress, desc=f"comparing {len(names)} head sets", use_cache=use_cache)
+                             progress=progress, desc=f"comparing {len(names)} head sets", result_cache=result_cache)
     baseline, results = res.rows(slice(0, 1)), res.rows(slice(1, None))
     return Comparison(names=names, baseline=baseline, results=results,
                       table=paired_table(names, baseline, results, n_boot=n_boot, seed=seed, alpha=alpha))
@@ -101,3 +101,18 @@ def heldout_test(lm, task, sets: dict[str, Sequence[Head]], mode: str | Ablation
     tab["p_holm"] = holm(tab["p_value"].to_numpy()) if len(tab) else []
     tab["holds"] = (tab["p_holm"] < alpha) & (tab["delta_accuracy"] > 0)
     return tab, cmp
+
+
+def pick_chosen(table: pd.DataFrame, gain: str = "delta_accuracy", ok: str = "confirmed") -> pd.Series | None:
+    """The one rule for what the pipeline reports, fixed before any held-out test: of the rows confirmed on the
+    confirm split (``ok``), the one with the largest confirm gain (``gain``); ties go to the earlier row (the
+    better-ranked head on the search split, or the smaller set). None when nothing is confirmed.
+
+    Example:
+        >>> t = pd.DataFrame({"head": ["L1H0", "L2H0", "L3H0"], "delta_accuracy": [0.1, 0.2, 0.2],
+        ...                   "confirmed": [True, True, True]})
+        >>> pick_chosen(t)["head"]
+        'L2H0'
+    """
+    c = table[table[ok].astype(bool)]
+    return None if c.empty else c.loc[c[gain].idxmax()]

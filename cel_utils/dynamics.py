@@ -201,3 +201,25 @@ def carrier_misses(runs) -> dict:
     if hit.any() and (~hit).any() and np.isfinite(m).all():
         out["p_value"] = float(mannwhitneyu(m[~hit], m[hit], alternative="less").pvalue)
     return out
+
+
+def run_record(run, r: int = 0) -> dict:
+    """The record of one training run (``cel theory``'s JSON): the run's :meth:`~cel_utils.theory.Run.summary` and
+    the early phase as chapter 3 derives it: the linearised rates, the predicted escape time and plateau length
+    (their leading terms, the predicted slopes times ``log(1/sigma)``: the slopes are derived, the offsets are
+    not, so compare how the measured times grow over sigmas, not one run's value), the phase times this run took,
+    and the winner and C-carrier predicted from the initial weights beside the ones training produced."""
+    pr = rates(run.setup, run.lr)
+    t1, t2 = phase_times(run, run.setup)
+    a0, b0 = run.history["a"][0], run.history["b"][0]  # [runs, head] at step 0
+    pred_w, pred_c = predict_heads(a0, b0)
+    log_inv = float(np.log(1 / run.sigma[r]))
+    return {**run.summary(r), "early_phase": {
+        "rates": pr, "log_inv_sigma": log_inv,
+        "predicted_escape_step": pr["slope_escape"] * log_inv,
+        "predicted_plateau_length": pr["slope_plateau"] * log_inv,
+        "escape_step": int(t1[r]), "plateau_end_step": int(t2[r]),
+        "plateau_length": int(t2[r] - t1[r]) if t1[r] >= 0 and t2[r] >= 0 else None,
+        "predicted_winner": int(pred_w[r]), "winner": int(run.history["value"][-1].argmax(-1)[r]),
+        "predicted_c_carrier": int(pred_c[r]), "c_carrier": int(run.c_heads[r]),
+        "carrier_margin": float(carrier_margin(a0, b0)[r])}}

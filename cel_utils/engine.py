@@ -86,19 +86,19 @@ def prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = MAX_TOKENS, progress: bool = True,
                        desc: str = "evaluating head sets", share_prefix: bool = True,
-                       use_cache: bool | None = None) -> ItemResults:
+                       result_cache: bool | None = None) -> ItemResults:
     """Evaluate each head set (heads in a set ablated together) on every item.
 
     Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
     ``mode`` is ``"zero"``, ``"mean"`` (head means over these prompts unless ``means`` is given) or an
     :class:`~cel_utils.ablation.Ablation`. ``max_tokens`` bounds the padded tokens per forward (memory). With
     ``share_prefix`` a prompt prefix common to all items is run once per head set and its keys/values reused.
-    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``use_cache=False`` or ``CEL_NO_CACHE=1``.
+    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``result_cache=False`` or ``CEL_NO_CACHE=1``.
     """
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
-    use_cache = cache.enabled() if use_cache is None else use_cache
+    result_cache = cache.enabled() if result_cache is None else result_cache
     key = None
-    if use_cache:
+    if result_cache:
         key = cache.make_key(lm, enc, head_sets, ablation.mode, "exact", ablation.fingerprint())
         hit = cache.load(key)
         if hit is not None and hit["correct"].shape == (len(head_sets), enc.n_items):
@@ -117,10 +117,10 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
 
 
 def evaluate(lm, enc: EncodedTask, heads: Sequence[Head] = (), mode: str | Ablation = "zero", means=None,
-             max_tokens: int = MAX_TOKENS, use_cache: bool | None = None) -> ItemResults:
+             max_tokens: int = MAX_TOKENS, result_cache: bool | None = None) -> ItemResults:
     """Evaluate one head set (ablated together): :func:`evaluate_head_sets` with a single set."""
     return evaluate_head_sets(lm, enc, [list(heads)], mode=mode, means=means, max_tokens=max_tokens,
-                              progress=False, use_cache=use_cache)
+                              progress=False, result_cache=result_cache)
 
 
 @dataclass

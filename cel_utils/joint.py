@@ -26,11 +26,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .ablation import Ablation, Head, all_heads, format_heads, head_name
-from .compare import compare_sets, heldout_test
+from .ablation import Ablation, Head, all_heads, format_heads, format_set, head_name
+from .compare import Comparison, compare_sets, heldout_test, pick_chosen
 from .defaults import ALPHA, BEAM_WIDTH, FDR, N_BOOT, POOL_MAX, RANDOM_POOLS, RANDOM_SETS, TIE_BREAK
 from .engine import evaluate_head_sets
 from .errors import CELError
+from .io import json_safe
 from .scoring import encode_task
 from .stats import confirm_decisions
 from .search import beam, exhaustive, greedy, heads_of, percentile_among, subset_masks
@@ -55,7 +56,7 @@ def model_scorer(lm, enc, mode: str | Ablation = "zero", means=None, tie_break: 
 
 
 def _named(sets: Sequence[Sequence[Head]]) -> dict[str, list[Head]]:
-    return {format_heads(s): list(s) for s in sets}
+    return {format_set(s): list(s) for s in sets}
 
 
 def random_control(lm, enc, sizes: Sequence[int], n_sets: int, mode: str | Ablation = "zero", means=None,
@@ -76,10 +77,11 @@ def random_control(lm, enc, sizes: Sequence[int], n_sets: int, mode: str | Ablat
 
 
 def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", max_size: int = 3,
-                 width: int = 4, random_sets: int = RANDOM_SETS, mode: str | Ablation = "zero", seed: int = 0,
+                 width: int = BEAM_WIDTH, random_sets: int = RANDOM_SETS, mode: str | Ablation = "zero", seed: int = 0,
                  n_boot: int = N_BOOT) -> dict:
-    """Search on one split, report every best-per-size set on held-out items with a paired bootstrap CI,
-    and the same for ``random_sets`` random head sets of each size drawn from all heads (the control)."""
+    """Search on one split, report every best-per-size set on held-out items with a paired bootstrap CI and its
+    interaction on held-out margins (:func:`margin_interaction`, as chapter 2 reports it), and the same for
+    ``random_sets`` random head sets of each size drawn from all heads (the control)."""
     strategies = {"exhaustive": lambda p, s: exhaustive(p, s, max_size),
                   "greedy": lambda p, s: greedy(p, s, max_size),
                   "beam": lambda p, s: beam(p, s, width, max_size)}
@@ -92,32 +94,44 @@ def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", 
     secs = time.perf_counter() - t0
     sizes = sorted(k for k in res.best if k > 0)
     best_sets = [list(res.best[k].heads) for k in sizes]
+    return {"strategy": strategy, "pool": [head_name(h) for h in pool], "n_evaluations": res.n_evaluations,
+            "search_seconds": secs, **graded_sets(lm, enc_s, enc_h, best_sets, ablation, random_sets, n_boot, seed)}
+
+
+def graded_sets(lm, enc_s, enc_h, best_sets: list[list[Head]], ablation: Ablation, random_sets: int, n_boot: int,
+                seed: int) -> dict:
+    """The ``baseline``, ``best`` and ``random_control`` fields of ``cel search``: each set (one per size, chosen
+    on the search split) on both splits, its held-out change with a paired-bootstrap CI, its interaction on
+    held-out margins with a CI, and its percentile among random sets of its size."""
     members = sorted({h for hs in best_sets for h in hs})
-    on_search = compare_sets(lm, enc_s, {**_named(best_sets), **_named([[h] for h in members])}, mode=ablation,
-                             n_boot=n_boot, seed=seed).table.set_index("heads")
-    single = {h: float(on_search.loc[head_name(h), "delta_accuracy"]) for h in members}
-    held = compare_sets(lm, enc_h, _named(best_sets), mode=ablation, n_boot=n_boot, seed=seed).table
-    rc = random_control(lm, enc_h, sizes, random_sets, mode=ablation, seed=seed)
+    singles = _named([[h] for h in members])
+    on_search = compare_sets(lm, enc_s, _named(best_sets), mode=ablation, n_boot=n_boot, seed=seed).table
+    held = compare_sets(lm, enc_h, {**_named(best_sets), **singles}, mode=ablation, n_boot=n_boot, seed=seed)
+    row_of = {name: j for j, name in enumerate(held.names)}
+    sizes = [len(hs) for hs in best_sets]
+    rc = random_control(lm, enc_h, sorted(set(sizes)), random_sets, mode=ablation, seed=seed)
     controls = [{"size": k, "heldout_delta_accuracy": g["heldout_delta_accuracy"].tolist()}
                 for k, g in rc.groupby("size")]
+    ctrl_of = {c["size"]: c["heldout_delta_accuracy"] for c in controls}
     best = []
-    for j, (k, hs) in enumerate(zip(sizes, best_sets)):
-        s, h = on_search.loc[format_heads(hs)], held.iloc[j]
-        sum_singles = sum(single[x] for x in hs)
-        ctrl = controls[j]["heldout_delta_accuracy"] if random_sets > 0 else []
-        best.append({"size": k, "heads": format_heads(hs).split(","),
+    for j, hs in enumerate(best_sets):
+        s, h = on_search.iloc[j], held.table.iloc[j]
+        inter = margin_interaction(held.baseline.margin[0], held.results.margin[j],
+                                   held.results.margin[[row_of[format_set([x])] for x in hs]], n_boot=n_boot, seed=seed)
+        ctrl = ctrl_of.get(len(hs), [])
+        best.append({"size": len(hs), "heads": [head_name(x) for x in hs],
                      "search": {"accuracy": float(s.accuracy), "mean_margin": float(s.mean_margin),
-                                "delta_accuracy": float(s.delta_accuracy),
-                                "sum_of_singles_delta_accuracy": sum_singles,
-                                "interaction": float(s.delta_accuracy) - sum_singles},
+                                "delta_accuracy": float(s.delta_accuracy)},
                      "heldout": {"accuracy": float(h.accuracy), "mean_margin": float(h.mean_margin),
                                  "delta_accuracy": float(h.delta_accuracy), "ci_low": float(h.ci_low),
-                                 "ci_high": float(h.ci_high),
+                                 "ci_high": float(h.ci_high), "delta_margin": float(h.delta_margin),
+                                 "interaction": inter[0], "interaction_ci_low": inter[1],
+                                 "interaction_ci_high": inter[2],
                                  "random_percentile": percentile_among(ctrl, h.delta_accuracy) if ctrl else None}})
-    return {"strategy": strategy, "pool": format_heads(pool).split(","), "n_evaluations": res.n_evaluations,
-            "search_seconds": secs,
-            "baseline": {"search_accuracy": float(on_search["baseline_accuracy"].iloc[0]),
-                         "heldout_accuracy": float(held["baseline_accuracy"].iloc[0])},
+    return {"baseline": {"search_accuracy": float(on_search["baseline_accuracy"].iloc[0]),
+                         "heldout_accuracy": float(held.table["baseline_accuracy"].iloc[0])},
+            "interaction_rule": "held-out mean over items of (the set's change in margin) - (the sum of its heads' "
+                                "changes alone), with a percentile bootstrap 95% CI",
             "best": best, "random_control": controls}
 
 
@@ -153,11 +167,10 @@ class JointSearch:
     n_explore: int
 
     def chosen(self):
-        """The set the pipeline reports, chosen on the search and confirm splits only: of the best-by-search
-        sets confirmed on the confirm split, the one with the largest confirm gain (ties go to the smaller set);
-        None when none is confirmed. Its held-out row is the honest figure."""
-        ok = self.best[self.best["confirmed"]]
-        return None if ok.empty else ok.loc[ok["confirm_delta_accuracy"].idxmax()]
+        """The set the pipeline reports, chosen on the search and confirm splits only (:func:`pick_chosen`: of the
+        best-by-search sets confirmed on the confirm split, the one with the largest confirm gain; ties go to the
+        smaller set); None when none is confirmed. Its held-out row is the honest figure."""
+        return pick_chosen(self.best, gain="confirm_delta_accuracy")
 
     def chosen_gain(self) -> float:
         """The held-out gain of the chosen set (0 when nothing is chosen: the pipeline removes nothing)."""
@@ -167,6 +180,18 @@ class JointSearch:
     def pool_percentile(self) -> float:
         """Where the chosen set's held-out gain falls among the random-pool pipelines' (mid-rank percentile)."""
         return percentile_among(self.pool_control["heldout_delta_accuracy"].to_numpy(), self.chosen_gain())
+
+    def record(self) -> dict:
+        """The JSON-ready record of this search (chapter 2 writes one per model and task; NaN becomes null)."""
+        return json_safe({
+            "model": self.model, "task": self.task, "pool": [head_name(h) for h in self.pool],
+            "n_search": self.n_search, "n_confirm": self.n_confirm, "n_heldout": self.n_heldout,
+            "n_explore": self.n_explore, "n_subsets": int(len(self.subsets)),
+            "best": self.best.to_dict("records"),
+            "chosen": None if self.chosen() is None else self.chosen()["heads"],
+            "pool_control": self.pool_control.to_dict("records"), "pool_percentile": self.pool_percentile(),
+            "n_evaluations": {k: int(v) for k, v in self.strategies.groupby("strategy")["n_evaluations"].first().items()},
+            "seconds_per_evaluation": self.seconds_per_evaluation, "explorer": self.explorer_data()})
 
     def explorer_data(self) -> dict:
         """What the kernel-free explorer needs: pool names and, per subset mask, the exact figures."""
@@ -187,7 +212,7 @@ def _subset_table(masks, sets, on_search, on_explore) -> pd.DataFrame:
             continue
         rows[f"{split}_accuracy"] = np.concatenate([cmp.baseline.accuracy, cmp.results.accuracy])
         rows[f"{split}_margin"] = np.concatenate([cmp.baseline.mean_margin, cmp.results.mean_margin])
-    tab = pd.DataFrame({"mask": masks, "heads": [",".join(head_name(h) for h in s) for s in sets],
+    tab = pd.DataFrame({"mask": masks, "heads": [format_set(s) for s in sets],
                         "size": [len(s) for s in sets], **rows})
     for split in ("search", "explore"):
         tab[f"{split}_delta_accuracy"] = tab[f"{split}_accuracy"] - tab[f"{split}_accuracy"].iloc[0]
@@ -239,8 +264,20 @@ def margin_interaction(base: np.ndarray, joint: np.ndarray, singles: np.ndarray,
     return point, float(ci.low), float(ci.high)
 
 
-def _pipeline(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, ablation: Ablation,
-              n_boot: int, seed: int, progress: bool, explore=None):
+@dataclass
+class PoolRun:
+    """One pool through search (every subset) -> confirm (the best set of each size, BH) -> held-out (Holm)."""
+
+    subsets: pd.DataFrame               # every subset on the search split (and the explore items)
+    strategies: pd.DataFrame            # what each strategy found on the search-split figures
+    best: pd.DataFrame                  # the best set of each size: search, confirm and held-out figures
+    best_sets: dict[str, list[Head]]    # the best sets by name
+    heldout: Comparison                 # the held-out comparison behind ``best``
+    seconds_per_evaluation: float
+
+
+def run_pool(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, ablation: Ablation,
+             n_boot: int, seed: int, progress: bool, explore=None) -> PoolRun:
     """search (every subset) -> confirm (best set of each size, BH) -> held-out (Holm), for one pool."""
     m = len(pool)
     masks = subset_masks(m)
@@ -267,7 +304,7 @@ def _pipeline(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, 
     for k in ("ci_low", "ci_high", "fixes", "breaks", "p_value", "p_holm", "holds"):
         best[k] = held[k].to_numpy()
     best["heldout_delta_margin"] = held["delta_margin"].to_numpy()
-    return tab, strategies, best, best_sets, cmp, per_eval
+    return PoolRun(tab, strategies, best, best_sets, cmp, per_eval)
 
 
 def joint_search(lm, search_task, confirm_task, heldout_task, pool, max_size: int = 3,
@@ -297,39 +334,50 @@ def joint_search(lm, search_task, confirm_task, heldout_task, pool, max_size: in
     n_explore = encs["heldout"].n_items if n_explore is None else min(n_explore, encs["heldout"].n_items)
     explore = encode_task(lm, replace(heldout_task, items=heldout_task.items[:n_explore]))
     ablation = Ablation.of(mode).resolved(lm, encs["search"].inputs)
-    tab, strategies, best, best_sets, cmp, per_eval = _pipeline(lm, encs, pool, max_size, beam_width, fdr,
-                                                                ablation, n_boot, seed, progress, explore)
-    # interaction on held-out margins: each best set against the sum of its members' changes
-    members = sorted({h for s in best_sets.values() for h in s})
-    singles = compare_sets(lm, encs["heldout"], _named([[h] for h in members]), mode=ablation, n_boot=n_boot,
-                           seed=seed)
-    row_of = {h: i for i, h in enumerate(members)}
-    base_m = cmp.baseline.margin[0]
-    inter = [margin_interaction(base_m, cmp.results.margin[j], singles.results.margin[[row_of[h] for h in s]],
-                                n_boot=n_boot, seed=seed) for j, s in enumerate(best_sets.values())]
-    best["interaction"], best["interaction_ci_low"], best["interaction_ci_high"] = map(list, zip(*inter))
+    run = run_pool(lm, encs, pool, max_size, beam_width, fdr, ablation, n_boot, seed, progress, explore)
+    best = run.best
+    add_interaction(lm, encs["heldout"], run, ablation, n_boot, seed)
     control = random_control(lm, explore, range(1, max_size + 1), random_sets, mode=ablation, seed=seed,
                              progress=progress)
-    ex = tab.set_index("heads")["explore_delta_accuracy"]
+    ex = run.subsets.set_index("heads")["explore_delta_accuracy"]
     best["explore_delta_accuracy"] = [float(ex[h]) for h in best["heads"]]
     best["random_percentile"] = [
         percentile_among(control[control["size"] == r.size]["heldout_delta_accuracy"].to_numpy(),
                          r.explore_delta_accuracy) for r in best.itertuples()]
+    pool_control = random_pool_control(lm, encs, m, random_pools, max_size, beam_width, fdr, ablation, n_boot, seed)
+    return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=run.subsets,
+                       strategies=run.strategies, best=best, random_control=control, pool_control=pool_control,
+                       seconds_per_evaluation=run.seconds_per_evaluation, n_search=encs["search"].n_items,
+                       n_confirm=encs["confirm"].n_items, n_heldout=encs["heldout"].n_items, n_explore=n_explore)
+
+
+def add_interaction(lm, heldout, run: PoolRun, ablation: Ablation, n_boot: int, seed: int) -> None:
+    """Each best set's interaction on held-out margins (its change against the sum of its members' changes, with
+    a CI), added to ``run.best`` as ``interaction``, ``interaction_ci_low``, ``interaction_ci_high``."""
+    members = sorted({h for s in run.best_sets.values() for h in s})
+    singles = compare_sets(lm, heldout, _named([[h] for h in members]), mode=ablation, n_boot=n_boot, seed=seed)
+    row_of = {h: i for i, h in enumerate(members)}
+    base_m = run.heldout.baseline.margin[0]
+    inter = [margin_interaction(base_m, run.heldout.results.margin[j],
+                                singles.results.margin[[row_of[h] for h in s]], n_boot=n_boot, seed=seed)
+             for j, s in enumerate(run.best_sets.values())]
+    run.best["interaction"], run.best["interaction_ci_low"], run.best["interaction_ci_high"] = map(list, zip(*inter))
+
+
+def random_pool_control(lm, encs: dict, m: int, random_pools: int, max_size: int, beam_width: int, fdr: float,
+                        ablation: Ablation, n_boot: int, seed: int) -> pd.DataFrame:
+    """The selection-aware control: the whole pipeline run on ``random_pools`` random pools of ``m`` heads; per
+    pool the set it would choose and that set's held-out gain (0 when it chooses nothing)."""
     rng = np.random.default_rng(seed)
     everything = all_heads(lm)
     pc = []
     for rep in range(random_pools):
         rpool = [everything[i] for i in rng.choice(len(everything), m, replace=False)]
-        _, _, rb, _, _, _ = _pipeline(lm, encs, rpool, max_size, beam_width, fdr, ablation, n_boot, seed, False)
-        ok = rb[rb["confirmed"]]
-        pick = None if ok.empty else ok.loc[ok["confirm_delta_accuracy"].idxmax()]
+        rb = run_pool(lm, encs, rpool, max_size, beam_width, fdr, ablation, n_boot, seed, False).best
+        pick = pick_chosen(rb, gain="confirm_delta_accuracy")
         pc.append({"replicate": rep, "pool": format_heads(rpool), "chosen": None if pick is None else pick["heads"],
                    "heldout_delta_accuracy": 0.0 if pick is None else float(pick["heldout_delta_accuracy"])})
-    pool_control = pd.DataFrame(pc, columns=["replicate", "pool", "chosen", "heldout_delta_accuracy"])
-    return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=tab, strategies=strategies,
-                       best=best, random_control=control, pool_control=pool_control,
-                       seconds_per_evaluation=per_eval, n_search=encs["search"].n_items,
-                       n_confirm=encs["confirm"].n_items, n_heldout=encs["heldout"].n_items, n_explore=n_explore)
+    return pd.DataFrame(pc, columns=["replicate", "pool", "chosen", "heldout_delta_accuracy"])
 
 
 def cross_task(lm, head_sets: dict, tasks: dict, mode: str | Ablation = "zero", n_boot: int = N_BOOT,

@@ -452,7 +452,7 @@ def token_at(tok, reads: Reads, back: int) -> tuple[str | None, float]:
     return token_text(tok, tid), count / len(reads.inputs)
 
 
-def attention_rows(lm, reads: Reads, weights: list[np.ndarray], last: int | None = None) -> list[dict]:
+def attention_rows(tok, reads: Reads, weights: list[np.ndarray], last: int | None = None) -> list[dict]:
     """Mean attention by position counted back from the read position (``token_position`` -1 is the read
     position itself), with the most common token there and the share of reads that have it: ``[{"token_position",
     "token", "token_share", "mean_weight"}]``, the ``last`` positions only when given."""
@@ -460,128 +460,6 @@ def attention_rows(lm, reads: Reads, weights: list[np.ndarray], last: int | None
     L = len(mean)
     rows = []
     for j in range(L):
-        tok, share = token_at(lm.tokenizer, reads, L - j)
-        rows.append({"token_position": j - L, "token": tok, "token_share": share, "mean_weight": float(mean[j])})
+        text, share = token_at(tok, reads, L - j)
+        rows.append({"token_position": j - L, "token": text, "token_share": share, "mean_weight": float(mean[j])})
     return rows if last is None else rows[-last:]
-
-
-def report(lm, ex: Explanation, weights: list[np.ndarray] | None = None) -> dict:
-    """The JSON of ``cel explain``: the summary, the promoted and suppressed tokens (on all items), the attention
-    at the read position, and one row per item."""
-    promoted, suppressed = top_tokens(lm, ex.head_logits)
-    out = {**ex.summary,
-           "promoted": [{"token": p["token"], "mean_logit": p["mean_logit"]} for p in promoted],
-           "suppressed": [{"token": p["token"], "mean_logit": p["mean_logit"]} for p in suppressed],
-           "attention": attention_rows(lm, ex.reads, weights) if weights is not None else [],
-           "items": [{"index": int(i), "fixed": bool(f), "broken": bool(b), "total_delta_margin": float(t),
-                      "direct_delta_margin": float(d), "answer": token_text(lm.tokenizer, a),
-                      "competitor": token_text(lm.tokenizer, c)}
-                     for i, f, b, t, d, a, c in zip(ex.reads.items, ex.fixed, ex.broken, ex.total, ex.direct,
-                                                    ex.reads.answer, ex.reads.competitor)]}
-    return out
-
-
-def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
-    """Which heads of one model a chapter explains, from chapter 1a's per-task records (``pairs``: one dict per
-    task with ``task``, ``screened_heads``, ``delta_margin`` on the search split, ``confirm`` rows with ``head``
-    and ``delta_accuracy``, ``heldout`` rows with ``heads`` and ``holds``): among the single heads that held on
-    held-out items, first each task's one with the largest confirm-split gain (the head chapter 1a chose), then
-    the others by confirm gain (held-out results only filter, they never rank); when none held anywhere, each task's head with the largest search-split margin
-    gain, marked ``exploratory``. Each pick carries a same-layer ``control`` head whose removal changed the
-    search margin least.
-
-    Example:
-        >>> p = [{"task": "t", "screened_heads": ["L0H0", "L0H1"], "delta_margin": [0.5, 0.01],
-        ...       "heldout": [{"heads": "L0H0", "holds": True, "delta_accuracy": 0.1}]}]
-        >>> heads_to_explain(p)
-        [{'task': 't', 'head': 'L0H0', 'status': 'confirmed', 'control': 'L0H1'}]
-    """
-    def confirm_gain(p, head):
-        return next((r["delta_accuracy"] for r in p.get("confirm", []) if r["head"] == head), 0.0)
-
-    held = [(confirm_gain(p, row["heads"]), p["task"], row["heads"]) for p in pairs for row in p.get("heldout", [])
-            if row.get("holds") and "+" not in row["heads"]]
-    picks: list[tuple[str, str, str]] = []
-    if held:
-        best = {}
-        for gain, task, head in sorted(held, reverse=True):
-            best.setdefault(task, (task, head, "confirmed"))
-        picks = list(best.values())
-        picks += [(t, h, "confirmed") for _, t, h in sorted(held, reverse=True) if (t, h, "confirmed") not in picks]
-    else:
-        for p in pairs:
-            dm = np.asarray(p["delta_margin"], float)
-            picks.append((p["task"], p["screened_heads"][int(np.argmax(dm))], "exploratory"))
-    out = []
-    for task, head, status in picks[:k]:
-        p = next(q for q in pairs if q["task"] == task)
-        layer = head.split("H")[0]
-        same = [(abs(v), h) for h, v in zip(p["screened_heads"], p["delta_margin"])
-                if h.split("H")[0] == layer and h != head]
-        out.append({"task": task, "head": head, "status": status, "control": min(same)[1] if same else None})
-    return out
-
-
-def addition_error(item: dict, target_index: int, competitor: str) -> str:
-    """What kind of wrong token an addition item's competitor is, at the digit being written: ``off by one``
-    (a carry slip), ``operand digit`` (the digit of either operand at the same place), ``other digit``,
-    ``not a digit``, or ``runs on or stops early`` (the decisive read is the one after the answer: the model
-    would continue the number, or end it too soon).
-
-    Example:
-        >>> addition_error({"key": "47+38", "target": "85"}, 1, "4")
-        'off by one'
-        >>> addition_error({"key": "47+38", "target": "85"}, 0, "4")
-        'operand digit'
-    """
-    a, b = item["key"].split("+")
-    target = item["target"]
-    if target_index >= len(target):
-        return "runs on or stops early"
-    c = competitor.strip()
-    if not (len(c) == 1 and c.isdigit()):
-        return "not a digit"
-    right = int(target[target_index])
-    if abs(int(c) - right) in (1, 9):
-        return "off by one"
-    place = len(target) - 1 - target_index  # 0 = units
-    if any(place < len(x) and x[-1 - place] == c for x in (a, b)):
-        return "operand digit"
-    return "other digit"
-
-
-def describe(s: dict) -> str:
-    """One line naming the mechanism the numbers support, written from them (``s``: a chapter's summary row with
-    ``head``, ``task``, ``n_items``, ``n_fixed``, ``n_broken``, ``direct_share``, ``total_delta_margin``,
-    ``direct_delta_margin``, ``mediator``, ``mediator_change``, ``fixed_total``, ``fixed_direct`` (mean total and
-    direct change on the items its removal fixes), ``top_attended``, ``top_weight`` and optionally
-    ``error_kind``/``error_share``).
-
-    Example:
-        >>> describe({"head": "L1H2", "task": "t", "n_items": 10, "n_fixed": 3, "n_broken": 0, "direct_share": 0.9,
-        ...           "total_delta_margin": 1.0, "direct_delta_margin": 0.9, "mediator": "L2.mlp",
-        ...           "mediator_change": 0.05, "fixed_total": 2.0, "fixed_direct": 1.8, "top_attended": "' ='",
-        ...           "top_weight": 0.5})[:60]
-        'L1H2 (t): removing it fixes 3 and breaks 0 of 10 items; 90% '
-    """
-    share = s["direct_share"]
-    if share is None:
-        path = "its removal does not change the logit difference"
-    elif share >= 0.5:
-        path = f"{share:.0%} of its effect on the logit difference is direct: its own output pushes the competitor up"
-    else:
-        pct = "under 1%" if share < 0.005 else f"only {share:.0%}"
-        path = (f"{pct} of its effect is direct; the rest reaches the logits through later layers, the largest single "
-                f"part through {s['mediator']} ({s['mediator_change']:+.2f} when the head is removed)")
-    favour = ""
-    if s["n_fixed"]:
-        own = s["fixed_direct"]
-        favour = (f"; on the {s['n_fixed']} items its removal fixes, the logit difference rises by "
-                  f"{s['fixed_total']:.2f} on average, "
-                  + (f"{own:.2f} of it because the head's own output, which favoured the competitor, is gone"
-                     if own > 0 else f"though the head's own output favoured the answer (by {-own:.2f})"))
-    kind = (f"; the errors its removal fixes are mostly '{s['error_kind']}' ({s['error_share']:.0%})"
-            if s.get("error_kind") else "")
-    return (f"{s['head']} ({s['task']}): removing it fixes {s['n_fixed']} and breaks {s['n_broken']} of "
-            f"{s['n_items']} items; {path}{favour}{kind}; at the read position it attends most to "
-            f"{s['top_attended']}, mean weight {s['top_weight']:.2f}.")

@@ -26,10 +26,23 @@ from tqdm.auto import tqdm
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
 from .compare import compare_sets, paired_table
 from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS,
-                       progress_enabled)
+                       candidate_rule, progress_enabled)
+from .io import json_safe
 from .engine import evaluate_head_sets, forward_equivalents
 from .scoring import EncodedTask, ItemResults, encode_task, plain_evaluate
 from .stats import confirm_decisions, min_detectable_gain
+
+
+def is_candidate(delta_accuracy, q_value, margin_ci_low, fdr: float = FDR):
+    """The candidate rule (:func:`cel_utils.defaults.candidate_rule` states it in words): removal helps on both
+    measures, a gain in accuracy significant after FDR correction and a margin CI above zero. Works on numbers
+    and on arrays alike.
+
+    Example:
+        >>> bool(is_candidate(0.1, 0.05, 0.2)), bool(is_candidate(0.1, 0.05, -0.1))
+        (True, False)
+    """
+    return (delta_accuracy > 0) & (q_value < fdr) & (margin_ci_low > 0)
 
 
 @dataclass
@@ -86,8 +99,24 @@ class Screen:
         for c in ("fixes", "breaks", "p_value", "q_value"):
             tab[c] = flips[c]
         tab["margin_ci_low"], tab["margin_ci_high"] = pt["margin_ci_low"].to_numpy(), pt["margin_ci_high"].to_numpy()
-        tab["candidate"] = (tab.delta_accuracy > 0) & (tab.q_value < fdr) & (tab.margin_ci_low > 0)
+        tab["candidate"] = is_candidate(tab.delta_accuracy, tab.q_value, tab.margin_ci_low, fdr)
         return tab
+
+    def record(self, seed: int = 0, fdr: float = FDR, n_boot: int = N_BOOT) -> dict:
+        """The JSON-ready record of this screen (``cel screen``'s fields): the baseline, the candidate rule, one
+        row per head with its statistics (:meth:`stats`), and the compute time."""
+        tab = self.stats(n_boot=n_boot, seed=seed, fdr=fdr)
+        cols = ["accuracy", "mean_margin", "delta_accuracy", "delta_margin", "ci_low", "ci_high", "p_value",
+                "q_value", "margin_ci_low", "margin_ci_high", "candidate"]
+        timing = {"seconds": round(self.seconds, 3)}
+        if self.meta.get("resumed_chunks"):
+            timing["resumed_chunks"] = self.meta["resumed_chunks"]
+        return json_safe({
+            "baseline": {"accuracy": float(self.baseline.accuracy[0]), "mean_margin": float(self.baseline.mean_margin[0])},
+            "candidate_rule": candidate_rule(fdr), "fdr": fdr,
+            "heads": [{"layer": int(r["layer"]), "head": int(r["head_index"]), **{c: r[c] for c in cols}}
+                      for r in tab.to_dict("records")],
+            "timing": timing})
 
     def top(self, k: int = 10, by: str = "delta_margin") -> pd.DataFrame:
         return self.table.sort_values([by, "delta_accuracy" if by != "delta_accuracy" else "delta_margin"],
@@ -96,7 +125,7 @@ class Screen:
 
 def screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation = "zero", means=None,
            max_tokens: int = MAX_TOKENS, progress: bool = True, enc: EncodedTask | None = None,
-           use_cache: bool | None = None) -> Screen:
+           result_cache: bool | None = None) -> Screen:
     """Ablate each head alone (all heads by default) with the exact engine.
 
     The heads are evaluated in chunks of ``SCREEN_CHUNK_LAYERS`` layers, each cached on disk as it finishes: a
@@ -113,7 +142,7 @@ def screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation =
     for group in chunks.values():
         t0 = time.perf_counter()
         res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in group], mode=ablation, max_tokens=max_tokens,
-                                 progress=progress, use_cache=use_cache,
+                                 progress=progress, result_cache=result_cache,
                                  desc=f"screening {len(heads)} heads (layers {group[0][0]}-{group[-1][0]})")
         if res.cached and res.seconds is not None:
             secs += res.seconds  # the compute time when the chunk was made, not the time to read it back

@@ -23,6 +23,8 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
+from .defaults import BEAM_WIDTH
+
 Scorer = Callable[[list[tuple]], Sequence[float]]
 
 
@@ -106,7 +108,7 @@ def greedy(pool: Sequence[Hashable], score: Scorer, max_size: int | None = None,
     return SearchResult("greedy", best, ev.n, path)
 
 
-def beam(pool: Sequence[Hashable], score: Scorer, width: int = 4, max_size: int | None = None) -> SearchResult:
+def beam(pool: Sequence[Hashable], score: Scorer, width: int = BEAM_WIDTH, max_size: int | None = None) -> SearchResult:
     """Beam search: keep the ``width`` best sets of each size and extend each by one head."""
     max_size = len(pool) if max_size is None else min(max_size, len(pool))
     _check(pool, max(max_size, 1))

@@ -27,19 +27,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .ablation import Ablation, Head, format_heads, parse_heads
-from .compare import Comparison, compare_sets, heldout_test
+from .ablation import Ablation, Head, format_heads, format_set, layer_of, parse_heads, parse_set
+from .compare import Comparison, compare_sets, heldout_test, pick_chosen
 from .defaults import CONFIRM_TOP_K, FDR, N_BOOT, POWER
+from .io import json_safe
 from .scoring import encode_task
 from .joint import cross_task
 from .screening import Screen, confirm_test, confirmation_power, screen
 from .stats import min_detectable_gain
 from .tasks import Task, load_task
-
-
-def together(names: Sequence[str]) -> str:
-    """The name of a set of several heads removed together (``"L1H2+L3H4"``)."""
-    return "+".join(names)
 
 
 @dataclass
@@ -64,10 +60,35 @@ class Verdict:
     def chosen(self) -> str | None:
         """The head the pipeline reports, chosen before the held-out test: of the confirmed heads, the one with
         the largest gain on the confirm split (ties: the better-ranked on the search split). None if none."""
-        if not self.confirmed:
-            return None
-        c = self.confirm[self.confirm.confirmed]
-        return str(c.loc[c["delta_accuracy"].idxmax(), "head"])
+        c = pick_chosen(self.confirm)
+        return None if c is None else str(c["head"])
+
+    def record(self) -> dict:
+        """The JSON-ready record of this verdict: what chapter 1a writes per (model, task) and what
+        :func:`heads_to_explain` (chapter 2a) and chapter 3's bridge read back. The schema:
+
+        ``model``, ``task``, ``n_search``, ``n_confirm``, ``n_heldout``, ``n_heads_screened``;
+        ``screened_heads`` (names) with their search-split ``delta_margin`` and ``delta_accuracy`` (same order);
+        ``candidates`` (heads passing the candidate rule on the search items);
+        ``confirm``: one row per re-tested head (``head``, ``search_delta_margin``, ``delta_accuracy``, ``ci_low``,
+        ``ci_high``, ``fixes``, ``breaks``, ``p_value``, ``q_value``, ``confirmed``);
+        ``confirmed`` (names), ``min_detectable_gain``;
+        ``heldout``: one row per set tested (``heads``: a set name, :func:`~cel_utils.ablation.format_set`;
+        ``delta_accuracy``, ``ci_low``, ``ci_high``, ``fixes``, ``breaks``, ``p_holm``, ``holds``).
+        """
+        st = self.stats
+        conf_cols = ["head", "search_delta_margin", "delta_accuracy", "ci_low", "ci_high", "fixes", "breaks",
+                     "p_value", "q_value", "confirmed"]
+        held_cols = ["heads", "delta_accuracy", "ci_low", "ci_high", "fixes", "breaks", "p_holm", "holds"]
+        return json_safe({
+            "model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
+            "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
+            "n_heads_screened": int(len(st)), "screened_heads": st["head"].tolist(),
+            "candidates": st[st.candidate]["head"].tolist(), "delta_margin": st["delta_margin"].tolist(),
+            "delta_accuracy": st["delta_accuracy"].tolist(),
+            "confirm": self.confirm[conf_cols].to_dict("records"), "confirmed": list(self.confirmed),
+            "min_detectable_gain": self.power["min_detectable_gain"],
+            "heldout": self.heldout[held_cols].to_dict("records") if len(self.heldout) else []})
 
     def row(self) -> dict:
         """One row of the verdict table."""
@@ -100,7 +121,7 @@ class Verdict:
                            f"confirmed ({self.chosen}) but not replicated on held-out items "
                            f"({r['delta_accuracy']:+.3f}, Holm p = {r['p_holm']:.2g})")
         if len(self.confirmed) > 1:
-            t = tab.loc[together(self.confirmed)]
+            t = tab.loc[format_set(parse_heads(self.confirmed))]
             n_hold = int(tab.loc[self.confirmed, "holds"].sum())
             base.update(together_delta=float(t["delta_accuracy"]), together_ci_low=float(t["ci_low"]),
                         together_ci_high=float(t["ci_high"]), together_holds=bool(t["holds"]))
@@ -108,6 +129,45 @@ class Verdict:
                                 f"{len(self.confirmed)} removed together change it by {t['delta_accuracy']:+.3f} "
                                 f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
         return base
+
+
+def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
+    """Which heads of one model chapter 2a explains, from the :meth:`Verdict.record` of each of its tasks
+    (``pairs``; it reads ``task``, ``screened_heads``, ``delta_margin``, ``confirm`` and ``heldout``): among the single heads that held on
+    held-out items, first each task's one with the largest confirm-split gain (the head chapter 1a chose), then
+    the others by confirm gain (held-out results only filter, they never rank); when none held anywhere, each task's head with the largest search-split margin
+    gain, marked ``exploratory``. Each pick carries a same-layer ``control`` head whose removal changed the
+    search margin least.
+
+    Example:
+        >>> p = [{"task": "t", "screened_heads": ["L0H0", "L0H1"], "delta_margin": [0.5, 0.01],
+        ...       "heldout": [{"heads": "L0H0", "holds": True, "delta_accuracy": 0.1}]}]
+        >>> heads_to_explain(p)
+        [{'task': 't', 'head': 'L0H0', 'status': 'confirmed', 'control': 'L0H1'}]
+    """
+    def confirm_gain(p, head):
+        return next((r["delta_accuracy"] for r in p.get("confirm", []) if r["head"] == head), 0.0)
+
+    held = [(confirm_gain(p, row["heads"]), p["task"], row["heads"]) for p in pairs for row in p.get("heldout", [])
+            if row.get("holds") and len(parse_set(row["heads"])) == 1]
+    picks: list[tuple[str, str, str]] = []
+    if held:
+        best = {}
+        for gain, task, head in sorted(held, reverse=True):
+            best.setdefault(task, (task, head, "confirmed"))
+        picks = list(best.values())
+        picks += [(t, h, "confirmed") for _, t, h in sorted(held, reverse=True) if (t, h, "confirmed") not in picks]
+    else:
+        for p in pairs:
+            dm = np.asarray(p["delta_margin"], float)
+            picks.append((p["task"], p["screened_heads"][int(np.argmax(dm))], "exploratory"))
+    out = []
+    for task, head, status in picks[:k]:
+        p = next(q for q in pairs if q["task"] == task)
+        same = [(abs(v), h) for h, v in zip(p["screened_heads"], p["delta_margin"])
+                if layer_of(h) == layer_of(head) and h != head]
+        out.append({"task": task, "head": head, "status": status, "control": min(same)[1] if same else None})
+    return out
 
 
 def single_head_verdict(lm, task: str | dict[str, Task], n_search: int = 32, n_confirm: int = 200,
@@ -138,7 +198,7 @@ def single_head_verdict(lm, task: str | dict[str, Task], n_search: int = 32, n_c
     if confirmed:
         sets = {h: parse_heads(h) for h in confirmed}
         if len(confirmed) > 1:
-            sets[together(confirmed)] = parse_heads(",".join(confirmed))
+            sets[format_set(parse_heads(confirmed))] = parse_heads(confirmed)
         held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=n_boot, seed=seed)
     return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, confirm=conf,
                    confirm_comparison=conf_cmp, power=pw, confirmed=confirmed, heldout=held, heldout_comparison=cmp,

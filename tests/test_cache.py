@@ -86,12 +86,12 @@ def test_weights_edited_in_place_invalidate_cached_results(tmp_path, monkeypatch
     lm = tiny_model("llama", seed=5)
     enc = encode_task(lm, load_task("ioi", n=8))
     h0 = lm.weights_hash
-    first = evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True)
-    assert evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True).cached   # same weights: a hit
+    first = evaluate_head_sets(lm, enc, [[]], progress=False, result_cache=True)
+    assert evaluate_head_sets(lm, enc, [[]], progress=False, result_cache=True).cached   # same weights: a hit
     with torch.no_grad():
         lm.out_proj(1).weight.mul_(0.0)                                              # edit in place
     assert lm.weights_hash != h0
-    after = evaluate_head_sets(lm, enc, [[]], progress=False, use_cache=True)
+    after = evaluate_head_sets(lm, enc, [[]], progress=False, result_cache=True)
     assert not after.cached
     assert not np.allclose(after.margin, first.margin)
 
@@ -117,6 +117,6 @@ def test_screen_resumes_from_finished_chunks(tmp_path, monkeypatch):
     assert again.meta["resumed_chunks"] == 2
     assert np.array_equal(again.results.margin, first.results.margin)
     enc = encode_task(lm, task)
-    one = evaluate_head_sets(lm, enc, [[h] for h in heads], progress=False, use_cache=False)
+    one = evaluate_head_sets(lm, enc, [[h] for h in heads], progress=False, result_cache=False)
     assert np.allclose(first.results.margin, one.margin, atol=1e-5)
     assert np.array_equal(first.results.correct, one.correct)

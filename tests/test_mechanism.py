@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cel_utils import explanation as E
 from cel_utils import mechanism as M
 from cel_utils.cli import main
 from cel_utils.tasks import Task
@@ -202,8 +203,11 @@ def test_cel_explain_writes_the_schema(tmp_path, capsys):
     assert main(["explain", "--model", folder, "--task", str(data), "--head", head, "--out", str(out)]) == 0
     d = json.loads(out.read_text())
     for k in ("head", "n_items", "total_delta_margin", "direct_delta_margin", "direct_share", "promoted",
-              "suppressed", "attention", "items"):
+              "suppressed", "attention", "items", "mediators", "sentence"):
         assert k in d
+    # the same profile as chapter 2a: the sentence names the head and its numbers, the mediators are components
+    assert d["sentence"].startswith(f"{head} (harm): removing it fixes {sum(i['fixed'] for i in d['items'])} and breaks")
+    assert d["mediators"] and all(m["component"] != head for m in d["mediators"])
     assert d["head"] == head and d["n_items"] == len(d["items"]) == 24
     assert d["direct_share"] is None or 0 <= d["direct_share"] <= 1
     vocab = set(json.loads(open(f"{folder}/tokenizer.json").read())["model"]["vocab"])
@@ -244,14 +248,14 @@ def test_describe_reads_the_numbers():
     base = {"head": "L3H1", "task": "addition", "n_items": 100, "n_fixed": 19, "n_broken": 1,
             "total_delta_margin": 1.39, "direct_delta_margin": 0.003, "mediator": "L29.mlp", "mediator_change": 0.38,
             "fixed_total": 2.5, "top_attended": "' ='", "top_weight": 0.41}
-    indirect = M.describe(dict(base, direct_share=0.002, fixed_direct=-0.04))
+    indirect = E.describe(dict(base, direct_share=0.002, fixed_direct=-0.04))
     assert "; under 1% of its effect is direct" in indirect and "largest single part through L29.mlp (+0.38" in indirect
     assert "rises by 2.50 on average, though the head's own output favoured the answer (by 0.04)" in indirect
-    direct = M.describe(dict(base, direct_share=0.7, fixed_direct=1.9))
+    direct = E.describe(dict(base, direct_share=0.7, fixed_direct=1.9))
     assert direct.startswith("L3H1 (addition): removing it fixes 19 and breaks 1 of 100 items; 70% of its effect")
     assert "1.90 of it because the head's own output, which favoured the competitor, is gone" in direct
     assert "L29.mlp" not in direct and "weight 0.41" in direct
-    assert "rises by" not in M.describe(dict(base, n_fixed=0, direct_share=None, fixed_direct=0.0))
+    assert "rises by" not in E.describe(dict(base, n_fixed=0, direct_share=None, fixed_direct=0.0))
 
 
 def test_token_at_counts_the_items_that_have_the_token_there():

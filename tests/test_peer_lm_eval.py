@@ -64,7 +64,7 @@ def test_loglikelihoods_match_lm_eval(smol, tmp_path, monkeypatch):
     samples = sorted(res["samples"]["cel_peer"], key=lambda s: s["doc_id"])
     theirs = [[float(r[0]) for r in s["filtered_resps"]] for s in samples]
 
-    ours = evaluate_head_sets(smol, encode_task(smol, load_task(str(data))), [[]], progress=False, use_cache=False)
+    ours = evaluate_head_sets(smol, encode_task(smol, load_task(str(data))), [[]], progress=False, result_cache=False)
     for i, it in enumerate(ITEMS):
         k = len(it["choices"])
         np.testing.assert_allclose(ours.choice_scores[0, i, :k], theirs[i], atol=1e-4, rtol=0)

@@ -72,7 +72,7 @@ def test_gemma_geometry_exactness_and_engine():
     for name in ("antonyms", "antonyms_em"):  # exact match: the stop read over Gemma's 262k-token vocabulary
         task = load_task(name, n=5)
         enc = encode_task(lm, task)
-        a = screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False, use_cache=False)
+        a = screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False, result_cache=False)
         b = plain_screen(lm, task, heads=[(0, 1), (9, 2)], enc=enc, progress=False, batch_size=4)
         assert np.abs(a.results.margin - b.results.margin).max() < 1e-4
         assert np.array_equal(a.results.correct, b.results.correct)

@@ -54,7 +54,7 @@ def test_exact_match_is_what_greedy_generation_writes(tiny_llama):
             items.append({"prompt": prompt, "target": t})
             expected.append(written.startswith(full) and not written[len(full)].isalnum())
     enc = encode_task(lm, Task("t", "em", items))
-    got = evaluate(lm, enc, use_cache=False).correct[0]
+    got = evaluate(lm, enc, result_cache=False).correct[0]
     assert got.tolist() == expected
     assert 3 <= sum(expected) <= len(expected) - 3  # both outcomes occur
     assert np.array_equal(plain_evaluate(lm, enc).correct[0], got)
@@ -93,8 +93,8 @@ def test_prefix_sharing_is_used_and_exact(tiny_llama):
     assert len(common_prefix(enc)) > 50
     sets = [[], [(0, 1)], [(1, 2), (2, 0)]]
     # the cache is off: its key does not include share_prefix, so b would otherwise be a's cached result
-    a = evaluate_head_sets(lm, enc, sets, share_prefix=True, progress=False, use_cache=False)
-    b = evaluate_head_sets(lm, enc, sets, share_prefix=False, progress=False, use_cache=False)
+    a = evaluate_head_sets(lm, enc, sets, share_prefix=True, progress=False, result_cache=False)
+    b = evaluate_head_sets(lm, enc, sets, share_prefix=False, progress=False, result_cache=False)
     assert np.abs(a.margin - b.margin).max() < 1e-4
 
 
@@ -102,8 +102,8 @@ def test_batched_equals_one_at_a_time(tiny_llama):
     lm = tiny_llama
     task = load_task("agreement", n=8)
     enc = encode_task(lm, task)
-    batched = evaluate(lm, enc, max_tokens=10_000, use_cache=False)  # cache off: max_tokens is not in its key
-    single = evaluate(lm, enc, max_tokens=1, use_cache=False)  # one sequence per forward
+    batched = evaluate(lm, enc, max_tokens=10_000, result_cache=False)  # cache off: max_tokens is not in its key
+    single = evaluate(lm, enc, max_tokens=1, result_cache=False)  # one sequence per forward
     assert np.abs(batched.margin - single.margin).max() < 1e-4
 
 
@@ -133,7 +133,7 @@ def test_tied_choices_count_as_wrong():
              {"prompt": "zz x", "choices": ["xa", "xb"], "answer": 1},   # multi-token choices, tie on the last
              {"prompt": "q:", "choices": ["a", "c"], "answer": 0}]        # no tie: "a" beats "c" on this model
     enc = encode_task(lm, Task("t", "mc", items))
-    res = evaluate_head_sets(lm, enc, [[], [(0, 1)], [(1, 2), (2, 0)]], progress=False, use_cache=False)
+    res = evaluate_head_sets(lm, enc, [[], [(0, 1)], [(1, 2), (2, 0)]], progress=False, result_cache=False)
     assert (res.choice_scores[:, :3, 0] == res.choice_scores[:, :3, 1]).all()  # the ties are exact
     assert not res.correct[:, :3].any() and (res.margin[:, :3] == 0).all()
     assert res.correct[:, 3].all() and (res.margin[:, 3] > 0).all()       # the same path scores a win as right

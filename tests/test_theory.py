@@ -146,6 +146,20 @@ def test_cli_theory_json(tmp_path):
     assert len(d["ablation"]) == 3
     assert set(d["ablation"][0]) >= {"head", "delta_loss_a", "delta_loss_b", "delta_acc_a", "delta_acc_b"}
     assert d["ablation"][d["c_head"]]["delta_loss_a"] < 0
+    # the early phase, as chapter 3 derives it: the predictions from the initial weights by hand (the winner has
+    # the largest |a + b|; the C-carrier the largest |a - b| among the others), the plateau from the phase times
+    from cel_utils.theory import init_params
+
+    e = d["early_phase"]
+    p0 = init_params(1, 3, 1e-4, seed=1)
+    a0, b0 = p0.a[0].numpy(), p0.b[0].numpy()
+    winner = int(np.argmax(np.abs(a0 + b0)))
+    others = [h for h in range(3) if h != winner]
+    assert e["predicted_winner"] == winner
+    assert e["predicted_c_carrier"] == others[int(np.argmax(np.abs(a0 - b0)[others]))]
+    assert e["c_carrier"] == d["c_head"]
+    assert e["plateau_length"] == e["plateau_end_step"] - e["escape_step"] > 0
+    assert e["predicted_plateau_length"] == pytest.approx(e["rates"]["slope_plateau"] * np.log(1e4))
 
 
 # ----------------------------------------------------------------------------------------------

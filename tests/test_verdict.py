@@ -12,7 +12,8 @@ from scipy.stats import binomtest, false_discovery_control
 from cel_utils.ablation import head_name, parse_heads
 from cel_utils.scoring import encode_task, plain_evaluate
 from cel_utils.tasks import load_task
-from cel_utils.verdict import single_head_verdict, together, verdict_markdown, verdict_table
+from cel_utils.ablation import format_set, parse_heads
+from cel_utils.verdict import single_head_verdict, verdict_markdown, verdict_table
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,7 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     best = max(confirmed, key=lambda h: gains[h])  # the confirmed head with the largest confirm gain
     assert row["chosen"] == best
     assert row["p_holm"] == pytest.approx(_holm(p)[confirmed.index(best)])
-    assert row["together_delta"] == pytest.approx(v.heldout.set_index("heads").loc[together(confirmed), "delta_accuracy"])
+    assert row["together_delta"] == pytest.approx(v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "delta_accuracy"])
 
 
 def test_verdict_table_and_text(tiny_llama, splits):
