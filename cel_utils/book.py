@@ -317,7 +317,22 @@ def strip_thebe(html: str) -> str:
 
 
 def expected_chapters() -> list[str]:
+    """The chapters, in the order they are executed (the notebooks' names sort in that order)."""
     return [nb.stem for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))]
+
+
+CHAPTERS = expected_chapters()   # the one list of chapters: the toc, the summary pages and the tests read it
+SUMMARY_PAGES = ("04_findings", "05_closing")  # chapters that only read the others' records
+
+
+def recorded_chapters() -> list[str]:
+    """The chapters whose records the summary pages (:data:`SUMMARY_PAGES`) read: every other chapter."""
+    return [c for c in CHAPTERS if c not in SUMMARY_PAGES]
+
+
+def toc_chapters(root: Path = ROOT) -> list[str]:
+    """The executed chapters ``_toc.yml`` lists (``book/chapters/<name>`` entries), in reading order."""
+    return re.findall(r"file:\s*book/chapters/(\d\w*)\s*$", (Path(root) / "_toc.yml").read_text(), flags=re.M)
 
 
 def main(argv=None) -> None:

@@ -1,8 +1,9 @@
 """Plotly figures for the book, and a renderer that works offline in the built HTML.
 
-Importing this module registers a plotly renderer ``"cel"`` and makes it the default: each figure is
-emitted both as the plotly mimetype (for JupyterLab) and as HTML that *does not* embed plotly.js or
-MathJax (the book serves ``plotly.min.js`` as a local static file, see :mod:`cel_utils.book`).
+:func:`setup` (called by :func:`chapter` and :func:`figure`, so a chapter never calls it itself) registers a
+plotly renderer ``"cel"`` and makes it the default: each figure is emitted both as the plotly mimetype (for
+JupyterLab) and as HTML that *does not* embed plotly.js or MathJax (the book serves ``plotly.min.js`` as a local
+static file, see :mod:`cel_utils.book`). Importing this module changes nothing in plotly.
 
 Example:
     >>> from cel_utils import plots
@@ -46,8 +47,6 @@ def setup() -> None:
     pio.renderers.default = "cel"
     pio.templates.default = "plotly_white"
 
-
-setup()
 
 # readable names of the values the figures show (axis and colour-bar titles); others via tables.header
 LABELS = {"delta_margin": "change in mean margin", "delta_accuracy": "change in accuracy",
@@ -543,23 +542,44 @@ _FIGURES = {"chapter": "", "n": 0}
 
 
 def chapter(label: str) -> None:
-    """Start numbering a chapter's figures: ``chapter("3")`` makes the next figure "Figure 3.1"."""
+    """Start numbering a chapter's figures: ``chapter("3")`` makes the next figure "Figure 3.1" (and selects the
+    book's offline renderer, :func:`setup`)."""
+    setup()
     _FIGURES.update(chapter=str(label), n=0)
 
 
-def figure(fig, caption: str):
-    """Show ``fig`` with a numbered caption under it (HTML, so the static book shows it too); returns the label.
+def figure(fig, caption: str) -> None:
+    """Show ``fig`` with a numbered caption under it (HTML, so the static book shows it too). Returns nothing, so
+    that a cell ending with it prints no label; :func:`last_label` gives the label.
 
     Example:
-        >>> chapter("9"); figure(go.Figure(), "an empty figure")  # doctest: +SKIP
+        >>> chapter("9"); figure(go.Figure(), "an empty figure"); last_label()  # doctest: +SKIP
         'Figure 9.1'
     """
     from html import escape
 
     from IPython.display import HTML, display
 
+    setup()
     _FIGURES["n"] += 1
-    label = f"Figure {_FIGURES['chapter']}.{_FIGURES['n']}" if _FIGURES["chapter"] else f"Figure {_FIGURES['n']}"
     display(fig)
-    display(HTML(f'<p class="cel-caption"><strong>{label}.</strong> {escape(caption)}</p>'))
-    return label
+    display(HTML(f'<p class="cel-caption"><strong>{last_label()}.</strong> {escape(caption)}</p>'))
+
+
+def last_label() -> str:
+    """The label of the last figure shown (``"Figure 1a.7"``)."""
+    return f"Figure {_FIGURES['chapter']}.{_FIGURES['n']}" if _FIGURES["chapter"] else f"Figure {_FIGURES['n']}"
+
+
+def cost_vs_agreement(agreement: pd.DataFrame) -> go.Figure:
+    """Each screen's wall time (log scale) against its Spearman agreement with the exact screen (chapter 1b);
+    hover for the recall of the exact top-10 improvers and harmful heads."""
+    import plotly.express as px
+
+    fig = px.scatter(agreement, x="seconds", y="spearman", color="method", symbol="model", log_x=True,
+                     hover_data=["recall_top10_improvers", "recall_top10_harmful", "n_evaluations"],
+                     title="cost versus agreement with the exact screen (change in mean margin per head)")
+    fig.update_traces(marker=dict(size=13))
+    fig.update_layout(xaxis_title="wall time (s, log scale)", yaxis_title="Spearman correlation with exact",
+                      height=420)
+    return fig

@@ -12,14 +12,26 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import html as H
+import json
+import math
+
+import ipywidgets as W
+import numpy as np
+from IPython.display import HTML, display
+
+from . import plots, theory
+from .ablation import Ablation, format_heads, head_name
+from .defaults import EXPLORER_POOL_MAX, N_BOOT
+from .engine import evaluate
+from .scoring import encode_task
+from .search import heads_of, percentile_among
+from .tables import cell
+
 
 def theory_explorer(steps: int = 3000):
     """Sliders for sigma, number of heads and seed; retrains the toy model (about a second) and redraws."""
-    import ipywidgets as W
-    from IPython.display import display
-
-    from . import plots, theory
-
     sigma = W.SelectionSlider(options=[1e-6, 1e-4, 1e-2, 0.1, 0.3, 1.0], value=1e-4, description="sigma")
     heads = W.IntSlider(value=4, min=2, max=8, description="heads")
     seed = W.IntSlider(value=0, min=0, max=19, description="seed")
@@ -33,6 +45,7 @@ def theory_explorer(steps: int = 3000):
             print(f"gap to optimum {s['gap']:.2e}   C-share {s['c_share']:.2f}   C-head {s['c_head']}")
             display(plots.theory_heads(r))
 
+    plots.setup()
     for w in (sigma, heads, seed):
         w.observe(redraw, names="value")
     box = W.VBox([W.HBox([sigma, heads, seed]), out])
@@ -43,10 +56,6 @@ def theory_explorer(steps: int = 3000):
 
 def _head_buttons(lm, preset=()):
     """One toggle button per head, in rows of layers: ``({(layer, head): button}, [row boxes])``."""
-    import ipywidgets as W
-
-    from .ablation import head_name
-
     buttons, rows = {}, []
     for l in range(lm.n_layers):
         row = [W.HTML(f"<code>L{l}</code>", layout=W.Layout(width="40px"))]
@@ -61,10 +70,6 @@ def _head_buttons(lm, preset=()):
 
 def _print_flips(items, heads, base, abl, max_items_shown: int) -> None:
     """What an ablation did to the items: accuracy and margin before and after, and the items that flip."""
-    import numpy as np
-
-    from .ablation import head_name
-
     fixed = np.flatnonzero(~base.correct[0] & abl.correct[0])
     broken = np.flatnonzero(base.correct[0] & ~abl.correct[0])
     print(f"ablated: {', '.join(head_name(h) for h in heads) or '(none)'}")
@@ -82,13 +87,6 @@ def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_
     Shows accuracy and mean margin against the unablated model, and which items flip (wrong -> right and
     right -> wrong). Controls choose the ablation mode and the split (search, or held-out if given).
     """
-    import ipywidgets as W
-    from IPython.display import display
-
-    from .ablation import Ablation
-    from .engine import evaluate
-    from .scoring import encode_task
-
     splits = {"search": task} if heldout is None else {"search": task, "held-out": heldout}
     encs = {k: encode_task(lm, t) for k, t in splits.items()}
     ablations: dict = {}  # (split, mode) -> resolved Ablation (mean mode: that split's head means, once)
@@ -150,12 +148,6 @@ def subset_explorer_data(js, lm=None, search=None, heldout=None, mode="zero", n_
         >>> d = subset_explorer_data(js, lm=lm, search=split["search"], heldout=split["heldout"])  # doctest: +SKIP
         >>> d["rows"][3]["heldout"]["ci_low"]                                                     # doctest: +SKIP
     """
-    import numpy as np
-
-    from .ablation import format_heads, head_name
-    from .defaults import N_BOOT
-    from .search import heads_of
-
     masks = [int(x) for x in js.subsets["mask"]]
     t = js.subsets.set_index("mask")
     rows = {}
@@ -207,10 +199,6 @@ def _rows_from_lists(data: dict) -> dict:
 
 def _axis(values, x0: float = 80.0, width: float = 320.0):
     """A shared horizontal scale for the explorer's plot: ``(x_of, [(x, label)] ticks)``; includes 0."""
-    import numpy as np
-
-    from .tables import cell
-
     v = np.asarray([x for x in values if np.isfinite(x)] + [0.0])
     lo, hi = float(v.min()), float(v.max())
     pad = 0.06 * (hi - lo) if hi > lo else 0.1
@@ -239,11 +227,6 @@ def explorer_states(data: dict) -> tuple[dict, str]:
         >>> states[1]["t"]["sa"], states[1]["t"]["sad"], "<svg" in svg
         ('0.812', '+0.312', True)
     """
-    import math
-
-    from .search import percentile_among
-    from .tables import cell
-
     rows = data["rows"] if "rows" in data else _rows_from_lists(data)
     rows = {int(k): v for k, v in rows.items()}
     random = {int(k): list(v) for k, v in (data.get("random") or {}).items()}
@@ -369,12 +352,6 @@ def subset_explorer_html(data: dict) -> str:
         >>> 'data-bit="0"' in html and "L0H1" in html
         True
     """
-    import hashlib
-    import html as H
-    import json
-
-    from .defaults import EXPLORER_POOL_MAX
-
     m = len(data["pool"])
     if m > EXPLORER_POOL_MAX:
         raise ValueError(f"the explorer embeds at most {EXPLORER_POOL_MAX} pool heads (2^m subsets), got {m}")
@@ -435,8 +412,6 @@ def subset_explorer(js, lm=None, search=None, heldout=None, mode="zero", n_boot:
     Example:
         >>> subset_explorer(js, lm=lm, search=split["search"], heldout=split["heldout"], mode="zero")  # doctest: +SKIP
     """
-    from IPython.display import HTML
-
     if hasattr(js, "subsets") and hasattr(js, "random_control"):
         data = subset_explorer_data(js, lm=lm, search=search, heldout=heldout, mode=mode, n_boot=n_boot, seed=seed)
     else:

@@ -63,3 +63,11 @@ def test_bibliography_is_complete_and_every_entry_cited():
     assert cited - keys == set(), "cited but missing from references.bib"
     assert keys - cited == set(), "in references.bib but never cited"
     assert not any(re.search(r"\b[A-Z][a-z]+ et al\.,? \d{4}", t) for t in texts), "a typed citation"
+
+
+def test_the_toc_lists_every_chapter_once():
+    """``_toc.yml`` names each executed chapter of ``book.CHAPTERS`` exactly once (the one list of chapters)."""
+    from cel_utils import book
+
+    toc = book.toc_chapters()
+    assert sorted(toc) == sorted(book.CHAPTERS) and len(toc) == len(set(toc))
