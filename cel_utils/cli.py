@@ -172,6 +172,8 @@ def cmd_screen(args):
         raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
     if args.shard:
+        from .shards import shard_heads
+
         heads = shard_heads(heads, *args.shard)
     enc = encode_task(lm, task)
     ablation = _ablation(lm, enc, args.mode)
@@ -272,130 +274,22 @@ def cmd_search(args):
     emit(out, args.out)
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    import re
+def parse_shard_arg(text: str) -> tuple[int, int]:
+    """``--shard K/N`` for argparse (:func:`cel_utils.shards.parse_shard`, its error as argparse's)."""
+    from .shards import parse_shard
 
-    m = re.fullmatch(r"(\d+)/(\d+)", text or "")
-    if not m or not (1 <= int(m.group(1)) <= int(m.group(2))):
-        raise argparse.ArgumentTypeError(f"shard must be K/N with 1 <= K <= N, got {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
-def shard_heads(heads, k: int, n: int):
-    """Shard K of N: the heads whose *layer* is K-1 modulo N.
-
-    Sharding by layer keeps each layer's heads in the same batched forwards as an unsharded run, so a
-    merged screen is identical to the unsharded one (and layers interleave, so shards cost about the same).
-    """
-    return [h for h in heads if h[0] % n == k - 1]
-
-
-_SHARD_SAME = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline", "fdr")
-_SHARD_REQUIRED = ("model", "task", "n_items", "seed", "method")
-_ROW_NUMBERS = {"exact": ("p_value", "delta_accuracy", "margin_ci_low"),
-                "gradient": ("estimated_delta_margin",), "compressed": ("estimated_delta_margin",)}
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _read_shard(f: str) -> dict:
-    """One `cel screen --shard` output, with its fields checked (a CELError naming the file otherwise)."""
     try:
-        with open(f, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise CELError(f"shard file {f} does not exist") from None
-    except OSError as e:
-        raise CELError(f"cannot read shard file {f}: {e.strerror or e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise CELError(f"shard file {f} is not UTF-8 text (byte {e.start})") from None
-    try:
-        p = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CELError(f"shard file {f} is not valid JSON ({e.msg}, line {e.lineno})") from None
-    if not isinstance(p, dict) or "shard" not in p or "heads" not in p:
-        raise CELError(f"{f} is not a shard of a screen (no 'shard' field)")
-    try:
-        p["_shard"] = parse_shard(p["shard"] if isinstance(p["shard"], str) else "")
-    except argparse.ArgumentTypeError:
-        raise CELError(f"{f}: 'shard' must be K/N with 1 <= K <= N, got {p['shard']!r}") from None
-    for k in _SHARD_REQUIRED:
-        if p.get(k) is None:
-            raise CELError(f"{f} is not a shard of a screen (no '{k}' field)")
-    if p["method"] not in _ROW_NUMBERS:
-        raise CELError(f"{f}: unknown screen method {p['method']!r}")
-    if "fdr" in p and not (_is_number(p["fdr"]) and 0 < p["fdr"] < 1):
-        raise CELError(f"{f}: 'fdr' must be a number between 0 and 1, got {p['fdr']!r}")
-    heads = p["heads"]
-    if not isinstance(heads, list):
-        raise CELError(f"{f}: 'heads' must be a list of head rows, got {type(heads).__name__}")
-    if not heads:
-        raise CELError(f"{f} is an empty shard (no heads)")
-    k, n = p["_shard"]
-    for i, h in enumerate(heads):
-        if not (isinstance(h, dict) and _is_int(h.get("layer")) and _is_int(h.get("head"))
-                and h["layer"] >= 0 and h["head"] >= 0):
-            raise CELError(f"{f}: head row {i} needs integer 'layer' and 'head'")
-        for key in _ROW_NUMBERS[p["method"]]:
-            if not _is_number(h.get(key)):
-                raise CELError(f"{f}: head row {i} (L{h['layer']}H{h['head']}) has no number '{key}'")
-        if "p_value" in _ROW_NUMBERS[p["method"]] and not 0 <= h["p_value"] <= 1:
-            raise CELError(f"{f}: head row {i} (L{h['layer']}H{h['head']}) has p_value {h['p_value']!r}, "
-                           f"outside 0..1")
-        if h["layer"] % n != k - 1:
-            raise CELError(f"{f}: head L{h['layer']}H{h['head']} is not in shard {k}/{n} (layers {k - 1} modulo {n})")
-    return p
+        return parse_shard(text)
+    except CELError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def cmd_merge(args):
     """Combine shard outputs of one screen into the screen an unsharded run gives."""
+    from .shards import merge
+
     check_out(args.out)
-    parts = [_read_shard(f) for f in args.files]
-    for f, p in zip(args.files, parts):
-        for k in _SHARD_SAME:
-            if p.get(k) != parts[0].get(k):
-                raise CELError(f"{f} does not belong to the same screen as {args.files[0]}: '{k}' differs "
-                               f"({p.get(k)!r} against {parts[0].get(k)!r})")
-    n = {p["_shard"][1] for p in parts}
-    got = sorted(p["_shard"][0] for p in parts)
-    if len(n) != 1 or got != list(range(1, n.pop() + 1)):
-        raise CELError(f"need every shard exactly once, got shards {[p['shard'] for p in parts]}")
-    seen: dict[tuple[int, int], str] = {}
-    for f, p in zip(args.files, parts):
-        for h in p["heads"]:
-            key = (h["layer"], h["head"])
-            if key in seen:
-                raise CELError(f"head L{key[0]}H{key[1]} is listed twice ({seen[key]} and {f})")
-            seen[key] = f
-    heads = sorted((h for p in parts for h in p["heads"]), key=lambda h: (h["layer"], h["head"]))
-    out = {k: v for k, v in parts[0].items() if k not in ("shard", "_shard", "heads", "timing")}
-    if parts[0]["method"] == "exact":
-        # BH depends on every head: a shard's q-values and candidate flags are recomputed over the whole screen
-        from .screening import is_candidate
-        from .stats import benjamini_hochberg
-
-        fdr = out.get("fdr", defaults.FDR)
-        q = benjamini_hochberg([h["p_value"] for h in heads])
-        for h, qq in zip(heads, q):
-            h["q_value"] = float(qq)
-            h["candidate"] = bool(is_candidate(h["delta_accuracy"], qq, h["margin_ci_low"], fdr))
-    out["heads"] = heads
-    out["timing"] = {"seconds": round(sum(_shard_seconds(p) for p in parts), 3), "shards": len(parts)}
-    emit(out, args.out)
-
-
-def _shard_seconds(p: dict) -> float:
-    t = p.get("timing")
-    s = t.get("seconds", 0) if isinstance(t, dict) else 0
-    return float(s) if _is_number(s) else 0.0
+    emit(merge(args.files), args.out)
 
 
 def cmd_explain(args):
@@ -477,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"heads re-tested with --confirm (default {defaults.CONFIRM_TOP_K})")
     s.add_argument("--fdr", type=float, default=defaults.FDR,
                    help=f"false-discovery rate of the candidate and confirmation rules (default {defaults.FDR:g})")
-    s.add_argument("--shard", type=parse_shard, default=None,
+    s.add_argument("--shard", type=parse_shard_arg, default=None,
                    help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
     s.set_defaults(fn=cmd_screen)
 

@@ -39,6 +39,22 @@ from .search import beam, exhaustive, greedy, heads_of, percentile_among, subset
 STRATEGIES = ("exhaustive", "greedy", "beam")
 
 
+@dataclass(frozen=True)
+class JointSettings:
+    """The parameters of :func:`joint_search` and :func:`search_heads` (defaults from :mod:`cel_utils.defaults`)."""
+
+    max_size: int = 3             # the best set of each size up to this is confirmed and tested
+    beam_width: int = BEAM_WIDTH
+    fdr: float = FDR
+    random_sets: int = RANDOM_SETS    # random head sets per size (the plain control)
+    random_pools: int = RANDOM_POOLS  # random pools through the whole pipeline (the selection-aware control)
+    n_explore: int | None = None  # held-out items on which every subset is also shown (None: all)
+    mode: str | Ablation = "zero"
+    seed: int = 0
+    n_boot: int = N_BOOT
+    progress: bool = True
+
+
 def model_scorer(lm, enc, mode: str | Ablation = "zero", means=None, tie_break: float = TIE_BREAK,
                  progress: bool = False):
     """A batched scorer for the strategies: mean accuracy plus ``tie_break`` x mean margin of each head set.
@@ -76,26 +92,27 @@ def random_control(lm, enc, sizes: Sequence[int], n_sets: int, mode: str | Ablat
                          for j, (k, s) in enumerate(rsets)], columns=cols)
 
 
-def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", max_size: int = 3,
-                 width: int = BEAM_WIDTH, random_sets: int = RANDOM_SETS, mode: str | Ablation = "zero", seed: int = 0,
-                 n_boot: int = N_BOOT) -> dict:
+def search_heads(lm, search_task, heldout_task, pool, strategy: str = "greedy", settings: JointSettings | None = None,
+                 **overrides) -> dict:
     """Search on one split, report every best-per-size set on held-out items with a paired bootstrap CI and its
     interaction on held-out margins (:func:`margin_interaction`, as chapter 2 reports it), and the same for
-    ``random_sets`` random head sets of each size drawn from all heads (the control)."""
-    strategies = {"exhaustive": lambda p, s: exhaustive(p, s, max_size),
-                  "greedy": lambda p, s: greedy(p, s, max_size),
-                  "beam": lambda p, s: beam(p, s, width, max_size)}
+    ``random_sets`` random head sets of each size drawn from all heads (the control). ``settings``/``overrides``:
+    :class:`JointSettings` (``max_size``, ``beam_width``, ``random_sets``, ``mode``, ``seed``, ``n_boot``)."""
+    s = replace(settings or JointSettings(), **overrides)
+    strategies = {"exhaustive": lambda p, f: exhaustive(p, f, s.max_size),
+                  "greedy": lambda p, f: greedy(p, f, s.max_size),
+                  "beam": lambda p, f: beam(p, f, s.beam_width, s.max_size)}
     if strategy not in strategies:
         raise CELError(f"unknown strategy {strategy!r}; use {', '.join(STRATEGIES)}")
     enc_s, enc_h = encode_task(lm, search_task), encode_task(lm, heldout_task)
-    ablation = Ablation.of(mode).resolved(lm, enc_s.inputs)  # means (if any) from the search split only
+    ablation = Ablation.of(s.mode).resolved(lm, enc_s.inputs)  # means (if any) from the search split only
     t0 = time.perf_counter()
     res = strategies[strategy](list(pool), model_scorer(lm, enc_s, mode=ablation))
     secs = time.perf_counter() - t0
-    sizes = sorted(k for k in res.best if k > 0)
-    best_sets = [list(res.best[k].heads) for k in sizes]
+    best_sets = [list(res.best[k].heads) for k in sorted(k for k in res.best if k > 0)]
     return {"strategy": strategy, "pool": [head_name(h) for h in pool], "n_evaluations": res.n_evaluations,
-            "search_seconds": secs, **graded_sets(lm, enc_s, enc_h, best_sets, ablation, random_sets, n_boot, seed)}
+            "search_seconds": secs,
+            **graded_sets(lm, enc_s, enc_h, best_sets, ablation, s.random_sets, s.n_boot, s.seed)}
 
 
 def graded_sets(lm, enc_s, enc_h, best_sets: list[list[Head]], ablation: Ablation, random_sets: int, n_boot: int,
@@ -276,9 +293,10 @@ class PoolRun:
     seconds_per_evaluation: float
 
 
-def run_pool(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, ablation: Ablation,
-             n_boot: int, seed: int, progress: bool, explore=None) -> PoolRun:
+def run_pool(lm, encs: dict, pool, s: JointSettings, ablation: Ablation, explore=None) -> PoolRun:
     """search (every subset) -> confirm (best set of each size, BH) -> held-out (Holm), for one pool."""
+    max_size, beam_width, fdr, n_boot, seed, progress = (s.max_size, s.beam_width, s.fdr, s.n_boot, s.seed,
+                                                         s.progress)
     m = len(pool)
     masks = subset_masks(m)
     sets = [heads_of(s, pool) for s in masks]
@@ -307,44 +325,43 @@ def run_pool(lm, encs: dict, pool, max_size: int, beam_width: int, fdr: float, a
     return PoolRun(tab, strategies, best, best_sets, cmp, per_eval)
 
 
-def joint_search(lm, search_task, confirm_task, heldout_task, pool, max_size: int = 3,
-                 beam_width: int = BEAM_WIDTH, fdr: float = FDR, random_sets: int = RANDOM_SETS,
-                 random_pools: int = RANDOM_POOLS, n_explore: int | None = None, mode: str | Ablation = "zero",
-                 seed: int = 0, n_boot: int = N_BOOT, progress: bool = True) -> JointSearch:
+def joint_search(lm, search_task, confirm_task, heldout_task, pool, settings: JointSettings | None = None,
+                 **overrides) -> JointSearch:
     """Search every subset of ``pool`` (m <= ``POOL_MAX``) on the search split, confirm the best set of each
     size on the confirm split, test them on the held-out split; then the two controls.
 
     The strategies (exhaustive up to ``max_size``, greedy, beam) run on the search-split figures of the sweep:
     the model is deterministic, so looking a set up is the same as evaluating it, and each strategy's cost is
     its evaluation count (x the measured seconds per evaluation). The held-out split never takes part in
-    choosing. ``n_explore``: held-out items (the first ones) on which every subset is also evaluated for the
-    explorer and the plain random control (None: all). ``random_pools``: how many random pools of the same
-    size go through the same pipeline (the selection-aware control). Mean ablation takes its head means from
-    the search split.
+    choosing. ``settings`` (a :class:`JointSettings`) and keyword ``overrides`` of its fields set the parameters:
+    ``n_explore``, held-out items (the first ones) on which every subset is also evaluated for the explorer and the
+    plain random control; ``random_pools``, how many random pools of the same size go through the same pipeline
+    (the selection-aware control). Mean ablation takes its head means from the search split.
     """
+    s = replace(settings or JointSettings(), **overrides)
     pool = [tuple(h) for h in pool]
     m = len(pool)
     if not 1 <= m <= POOL_MAX:
         raise CELError(f"the pool must hold 1 to {POOL_MAX} heads (2^m subsets), got {m}")
     if len(set(pool)) != m:
         raise CELError("the candidate pool has duplicates")
-    max_size = min(max_size, m)
+    s = replace(s, max_size=min(s.max_size, m))
     encs = {"search": encode_task(lm, search_task), "confirm": encode_task(lm, confirm_task),
             "heldout": encode_task(lm, heldout_task)}
-    n_explore = encs["heldout"].n_items if n_explore is None else min(n_explore, encs["heldout"].n_items)
+    n_explore = encs["heldout"].n_items if s.n_explore is None else min(s.n_explore, encs["heldout"].n_items)
     explore = encode_task(lm, replace(heldout_task, items=heldout_task.items[:n_explore]))
-    ablation = Ablation.of(mode).resolved(lm, encs["search"].inputs)
-    run = run_pool(lm, encs, pool, max_size, beam_width, fdr, ablation, n_boot, seed, progress, explore)
+    ablation = Ablation.of(s.mode).resolved(lm, encs["search"].inputs)
+    run = run_pool(lm, encs, pool, s, ablation, explore)
     best = run.best
-    add_interaction(lm, encs["heldout"], run, ablation, n_boot, seed)
-    control = random_control(lm, explore, range(1, max_size + 1), random_sets, mode=ablation, seed=seed,
-                             progress=progress)
+    add_interaction(lm, encs["heldout"], run, ablation, s.n_boot, s.seed)
+    control = random_control(lm, explore, range(1, s.max_size + 1), s.random_sets, mode=ablation, seed=s.seed,
+                             progress=s.progress)
     ex = run.subsets.set_index("heads")["explore_delta_accuracy"]
     best["explore_delta_accuracy"] = [float(ex[h]) for h in best["heads"]]
     best["random_percentile"] = [
         percentile_among(control[control["size"] == r.size]["heldout_delta_accuracy"].to_numpy(),
                          r.explore_delta_accuracy) for r in best.itertuples()]
-    pool_control = random_pool_control(lm, encs, m, random_pools, max_size, beam_width, fdr, ablation, n_boot, seed)
+    pool_control = random_pool_control(lm, encs, m, replace(s, progress=False), ablation)
     return JointSearch(model=lm.name, task=search_task.name, pool=pool, subsets=run.subsets,
                        strategies=run.strategies, best=best, random_control=control, pool_control=pool_control,
                        seconds_per_evaluation=run.seconds_per_evaluation, n_search=encs["search"].n_items,
@@ -364,16 +381,15 @@ def add_interaction(lm, heldout, run: PoolRun, ablation: Ablation, n_boot: int, 
     run.best["interaction"], run.best["interaction_ci_low"], run.best["interaction_ci_high"] = map(list, zip(*inter))
 
 
-def random_pool_control(lm, encs: dict, m: int, random_pools: int, max_size: int, beam_width: int, fdr: float,
-                        ablation: Ablation, n_boot: int, seed: int) -> pd.DataFrame:
-    """The selection-aware control: the whole pipeline run on ``random_pools`` random pools of ``m`` heads; per
+def random_pool_control(lm, encs: dict, m: int, s: JointSettings, ablation: Ablation) -> pd.DataFrame:
+    """The selection-aware control: the whole pipeline run on ``s.random_pools`` random pools of ``m`` heads; per
     pool the set it would choose and that set's held-out gain (0 when it chooses nothing)."""
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(s.seed)
     everything = all_heads(lm)
     pc = []
-    for rep in range(random_pools):
+    for rep in range(s.random_pools):
         rpool = [everything[i] for i in rng.choice(len(everything), m, replace=False)]
-        rb = run_pool(lm, encs, rpool, max_size, beam_width, fdr, ablation, n_boot, seed, False).best
+        rb = run_pool(lm, encs, rpool, s, ablation).best
         pick = pick_chosen(rb, gain="confirm_delta_accuracy")
         pc.append({"replicate": rep, "pool": format_heads(rpool), "chosen": None if pick is None else pick["heads"],
                    "heldout_delta_accuracy": 0.0 if pick is None else float(pick["heldout_delta_accuracy"])})

@@ -170,39 +170,54 @@ def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
     return out
 
 
-def single_head_verdict(lm, task: str | dict[str, Task], n_search: int = 32, n_confirm: int = 200,
-                        n_heldout: int = 200, top_k: int = CONFIRM_TOP_K, fdr: float = FDR, seed: int = 0,
-                        heads: str | Sequence[Head] = "all", mode: str | Ablation = "zero",
-                        n_boot: int = N_BOOT, power: float = POWER) -> Verdict:
+@dataclass(frozen=True)
+class VerdictSettings:
+    """The parameters of :func:`single_head_verdict` (defaults from :mod:`cel_utils.defaults`)."""
+
+    n_search: int = 32            # items per split (clipped to what a split holds)
+    n_confirm: int = 200
+    n_heldout: int = 200
+    top_k: int = CONFIRM_TOP_K    # heads re-tested on the confirm split
+    fdr: float = FDR
+    seed: int = 0
+    mode: str | Ablation = "zero"
+    n_boot: int = N_BOOT
+    power: float = POWER
+
+
+def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[Head] = "all",
+                        settings: VerdictSettings | None = None, **overrides) -> Verdict:
     """Run search -> confirm -> held-out for one task (a name or JSONL path, or its three splits as a dict).
 
-    Mean ablation takes its head means from the search split and uses them on every split.
+    ``settings`` (a :class:`VerdictSettings`) and keyword ``overrides`` of its fields (e.g. ``top_k=10``) set the
+    pipeline's parameters. Mean ablation takes its head means from the search split and uses them on every split.
     """
+    s = replace(settings or VerdictSettings(), **overrides)
     if isinstance(task, dict):
         splits = task
     else:
-        splits = {"search": load_task(task, "search", n=n_search, seed=seed, clip=True),
-                  "confirm": load_task(task, "confirm", n=n_confirm, seed=seed, clip=True),
-                  "heldout": load_task(task, "heldout", n=n_heldout, seed=seed, clip=True)}
+        splits = {"search": load_task(task, "search", n=s.n_search, seed=s.seed, clip=True),
+                  "confirm": load_task(task, "confirm", n=s.n_confirm, seed=s.seed, clip=True),
+                  "heldout": load_task(task, "heldout", n=s.n_heldout, seed=s.seed, clip=True)}
     head_list = parse_heads(heads, lm.n_layers, lm.n_heads) if isinstance(heads, str) else list(heads)
-    ablation = Ablation.of(mode)
+    ablation = Ablation.of(s.mode)
     if ablation.mode == "mean":
         ablation = ablation.resolved(lm, encode_task(lm, splits["search"]).inputs)
     sc = screen(lm, splits["search"], heads=head_list, mode=ablation)
-    st = sc.stats(n_boot=n_boot, seed=seed, fdr=fdr)
-    conf, conf_cmp = confirm_test(lm, sc, splits["confirm"], top_k=top_k, fdr=fdr, mode=ablation, n_boot=n_boot,
-                                  seed=seed)
-    pw = confirmation_power(conf, len(splits["confirm"]), fdr, power)
+    st = sc.stats(n_boot=s.n_boot, seed=s.seed, fdr=s.fdr)
+    conf, conf_cmp = confirm_test(lm, sc, splits["confirm"], top_k=s.top_k, fdr=s.fdr, mode=ablation,
+                                  n_boot=s.n_boot, seed=s.seed)
+    pw = confirmation_power(conf, len(splits["confirm"]), s.fdr, s.power)
     confirmed = conf[conf.confirmed]["head"].tolist()
     held, cmp = pd.DataFrame(), None
     if confirmed:
         sets = {h: parse_heads(h) for h in confirmed}
         if len(confirmed) > 1:
             sets[format_set(parse_heads(confirmed))] = parse_heads(confirmed)
-        held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=n_boot, seed=seed)
+        held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=s.n_boot, seed=s.seed)
     return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, confirm=conf,
                    confirm_comparison=conf_cmp, power=pw, confirmed=confirmed, heldout=held, heldout_comparison=cmp,
-                   ablation=ablation, fdr=fdr)
+                   ablation=ablation, fdr=s.fdr)
 
 
 def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str, Task], n_items: int | None = None,

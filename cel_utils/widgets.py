@@ -21,7 +21,7 @@ import ipywidgets as W
 import numpy as np
 from IPython.display import HTML, display
 
-from . import plots, theory
+from . import plots, theory, theory_plots
 from .ablation import Ablation, format_heads, head_name
 from .defaults import EXPLORER_POOL_MAX, N_BOOT
 from .engine import evaluate
@@ -43,7 +43,7 @@ def theory_explorer(steps: int = 3000):
         with out:
             out.clear_output(wait=True)
             print(f"gap to optimum {s['gap']:.2e}   C-share {s['c_share']:.2f}   C-head {s['c_head']}")
-            display(plots.theory_heads(r))
+            display(theory_plots.theory_heads(r))
 
     plots.setup()
     for w in (sigma, heads, seed):
