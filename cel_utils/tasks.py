@@ -206,12 +206,60 @@ def gen_capitals(rng: random.Random):
     return pool
 
 
+def unordered(a: int, b: int) -> str:
+    """The key of an addition item: its operands as an unordered pair (``a + b`` and ``b + a`` are one item).
+
+    Example:
+        >>> unordered(47, 38), unordered(38, 47)
+        ('38+47', '38+47')
+    """
+    return f"{min(a, b)}+{max(a, b)}"
+
+
 def gen_addition(rng: random.Random):
+    """Two-digit sums, 3-shot. No two items, and no item and demonstration, are the same unordered pair (the
+    commuted twin ``b + a`` of an item would otherwise land in another split)."""
     pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
     rng.shuffle(pairs)
-    demos, rest = pairs[:3], pairs[3:1003]
+    demos = pairs[:3]
+    seen, rest = {unordered(a, b) for a, b in demos}, []
+    for a, b in pairs[3:]:
+        if unordered(a, b) not in seen:
+            seen.add(unordered(a, b))
+            rest.append((a, b))
+        if len(rest) == 1000:
+            break
     prefix = "".join(f"{a} + {b} = {a + b}\n" for a, b in demos)
-    return [{"prompt": prefix + f"{a} + {b} = ", "target": str(a + b), "key": f"{a}+{b}"} for a, b in rest]
+    return [{"prompt": prefix + f"{a} + {b} = ", "target": str(a + b), "key": unordered(a, b)} for a, b in rest]
+
+
+def gen_subtraction(rng: random.Random):
+    """Two-digit differences, 3-shot, in addition's format (``a - b = ``, a two-digit answer): the same answer
+    format as addition and another computation (addition's control task in chapter 1c)."""
+    pairs = [(a, b) for a in range(20, 100) for b in range(10, 90) if a - b >= 10]
+    rng.shuffle(pairs)
+    demos, rest = pairs[:3], pairs[3:1003]
+    prefix = "".join(f"{a} - {b} = {a - b}\n" for a, b in demos)
+    return [{"prompt": prefix + f"{a} - {b} = ", "target": str(a - b), "key": f"{a}-{b}"} for a, b in rest]
+
+
+def gen_comparison(rng: random.Random):
+    """Which of two two-digit numbers is larger, 3-shot, the two numbers as the choices; the class is where the
+    larger one stands (first or second), so a shift toward one position shows as a label shift."""
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100) if a != b]
+    rng.shuffle(pairs)
+    demos, rest = pairs[:3], pairs[3:]
+    prefix = "".join(f"Which is larger, {a} or {b}? {max(a, b)}\n" for a, b in demos)
+    seen, pool = {unordered(a, b) for a, b in demos}, []
+    for a, b in rest:
+        if unordered(a, b) in seen:
+            continue
+        seen.add(unordered(a, b))
+        pool.append(_mc(prefix + f"Which is larger, {a} or {b}?", [f" {a}", f" {b}"], int(b > a), key=unordered(a, b),
+                        label="second" if b > a else "first"))
+        if len(pool) == 1000:
+            break
+    return pool
 
 
 def gen_agreement(rng: random.Random):
@@ -310,13 +358,17 @@ def _review(rng, positive: bool) -> str:
 
 
 def gen_sentiment(rng: random.Random):
+    """Movie-review sentiment, 4-shot; no item repeats a demonstration's review."""
     demo_labels = [True, False, True, False]
-    prefix = "".join(f"Review: {_review(rng, pos)}\nSentiment: {'positive' if pos else 'negative'}\n\n"
-                     for pos in demo_labels)
+    demos = [(_review(rng, pos), pos) for pos in demo_labels]
+    prefix = "".join(f"Review: {text}\nSentiment: {'positive' if pos else 'negative'}\n\n" for text, pos in demos)
+    shown = {text for text, _ in demos}
     pool = []
     for _ in range(3000):
         pos = rng.random() < 0.5
         text = _review(rng, pos)
+        if text in shown:
+            continue
         pool.append(_mc(prefix + f"Review: {text}\nSentiment:", [" positive", " negative"], 0 if pos else 1,
                         key=text, label="positive" if pos else "negative"))
     return pool
@@ -334,6 +386,9 @@ class TaskSpec:
 BUILTIN_TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("capitals", "mc", gen_capitals, "country -> capital, 3-shot, 4 choices"),
     TaskSpec("addition", "em", gen_addition, "two-digit addition, 3-shot, exact match of the sum"),
+    TaskSpec("subtraction", "em", gen_subtraction, "two-digit subtraction, 3-shot, exact match of the difference"),
+    TaskSpec("comparison", "mc", gen_comparison, "which of two two-digit numbers is larger, 3-shot",
+             ("first", "second")),
     TaskSpec("agreement", "mc", gen_agreement, "subject-verb agreement across a prepositional attractor",
              ("singular", "plural")),
     TaskSpec("agreement_rc", "mc", gen_agreement_rc, "subject-verb agreement across a relative clause",

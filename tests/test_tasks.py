@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -133,3 +134,27 @@ def test_jsonl_empty(tmp_path):
     p.write_text("\n\n")
     with pytest.raises(CELError, match="no items"):
         load_jsonl(str(p))
+
+
+def test_no_addition_item_is_another_items_or_a_demos_commuted_twin():
+    """a + b and b + a are one item: across the three splits no unordered pair appears twice, and none is a pair
+    of the few-shot demonstrations (read back from the prompt text, not from the generator's keys)."""
+    import re
+
+    from cel_utils.tasks import SPLITS, load_task
+
+    items = [it for s in SPLITS for it in load_task("addition", s).items]
+    pairs = [tuple(sorted(map(int, re.findall(r"(\d+) \+ (\d+) = $", it["prompt"])[0]))) for it in items]
+    assert len(pairs) == len(set(pairs)) == len(items) >= 900
+    demos = {tuple(sorted(map(int, m))) for m in re.findall(r"(\d+) \+ (\d+) = \d+\n", items[0]["prompt"])}
+    assert len(demos) == 3 and not demos & set(pairs)
+
+
+def test_no_sentiment_item_repeats_a_demonstration():
+    """The four demonstration reviews are not also items (read from the prompt text)."""
+    from cel_utils.tasks import SPLITS, load_task
+
+    items = [it for s in SPLITS for it in load_task("sentiment", s).items]
+    demos = set(re.findall(r"Review: (.*)\nSentiment: (?:positive|negative)\n\n", items[0]["prompt"]))
+    reviews = [it["prompt"].rsplit("Review: ", 1)[1].removesuffix("\nSentiment:") for it in items]
+    assert len(demos) == 4 and not demos & set(reviews)
