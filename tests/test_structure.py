@@ -7,7 +7,7 @@ import cel_utils
 
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
-ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "ablation", "scoring", "engine", "stats",
+ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "ablation", "scoring", "engine", "stats", "power",
          "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "mechanism", "theory", "dynamics", "checks", "tables", "plots", "widgets",
          "book", "cli"]
 
