@@ -130,8 +130,11 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
     (mean per-head noise variance of a mean) / (variance of the head means)``: the centres then spread as much
     as the true head means are estimated to (constrained Bayes, Louis 1984) and the resampling adds the noise
     once.
-    ``reason`` says why a row is structural: ``g`` above the room (power 0), or ``g + b`` above it or ``b``
-    above the accuracy (no such head: power NaN).
+
+    Columns: ``gain``, ``break_rate``, ``margin_shift`` (``d``), ``room``, ``power``, ``se``, ``p_rank``,
+    ``p_confirm_given_rank``, ``p_hold_given_confirm``, ``reason``, ``n_sim``. ``reason`` says why a row is
+    structural: ``g`` above the room (power 0), or ``g + b`` above it or ``b`` above the accuracy (no such
+    head: power NaN).
 
     Example:
         >>> rng = np.random.default_rng(1)
@@ -185,7 +188,7 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
     for g in gains:
         d = shift_for_gain(calib, g)
         for b in break_rates:
-            row = {"gain": float(g), "break_rate": float(b), "shift": d, "room": room, "power": 0.0, "se": 0.0,
+            row = {"gain": float(g), "break_rate": float(b), "margin_shift": d, "room": room, "power": 0.0, "se": 0.0,
                    "p_rank": np.nan, "p_confirm_given_rank": np.nan, "p_hold_given_confirm": np.nan,
                    "reason": None, "n_sim": n_sim}
             if d is None:

@@ -156,20 +156,45 @@ def test_mcnemar_table_is_the_exact_test():
     assert mcnemar_table(250)[f, b] == pytest.approx(mcnemar_exact(f, b), abs=1e-12)
 
 
+STAGE_CASES = [  # (top_k, confirm_others, heldout_others, level of the confirm test, level of the held-out test)
+    (1, [], None, FDR, ALPHA),  # BH and Holm over one test are that test
+    (5, [(0, 0)], None, FDR / 5, ALPHA),  # others never flip (p = 1): BH gives q = 5 p; the planted head tested alone
+    (5, [(0, 60)], None, FDR, ALPHA),  # others significant but harmful: q = p, never confirmed (fixes < breaks)
+    (5, [(60, 0)], [0.009], FDR, ALPHA / 6),  # others always confirmed: q = p; Holm over 5 heads + together, the
+]                                              # others at 0.009: 6 * 0.009 > alpha, so it holds iff 6 p < alpha
+
+
 @pytest.mark.parametrize("n_c,n_h,g,b", [(250, 200, 0.04, 0.0), (120, 80, 0.08, 0.03), (250, 200, 0.06, 0.05)])
 def test_confirm_and_heldout_stages_are_exact_mcnemar_power(n_c, n_h, g, b):
-    """top_k = 1: confirmed = McNemar p < fdr; top_k = 5 with others that never flip: BH gives q = 5 p, so
-    confirmed = p < fdr / 5. A lone confirmed head is tested alone: holds = p < alpha. Exact power, no simulation."""
+    """Where BH and Holm reduce to one McNemar test at a known level, the confirm and held-out stages must give
+    its exact power (stats.mcnemar_power), within 3 Monte Carlo standard errors."""
     kw = _realisation(np.random.default_rng(0))
-    kw.update(n_confirm=n_c, n_heldout=n_h, heldout_others=None)
+    kw.update(n_confirm=n_c, n_heldout=n_h)
     n = 4000
-    for top_k, others in ((1, []), (5, [(0, 0)])):
-        kw.update(top_k=top_k, confirm_others=others)
+    for top_k, others, held, lev_c, lev_h in STAGE_CASES:
+        kw.update(top_k=top_k, confirm_others=others, heldout_others=held)
         r = pipeline_power(**kw, gains=[g], break_rates=[b], n_sim=n, seed=1).iloc[0]
-        p_c = mcnemar_power(n_c, g + b, b, FDR / top_k)
-        p_h = mcnemar_power(n_h, g + b, b, ALPHA)
-        assert abs(r.p_confirm_given_rank - p_c) <= 3 * np.sqrt(p_c * (1 - p_c) / n) + 1e-9, (top_k, r, p_c)
-        assert abs(r.p_hold_given_confirm - p_h) <= 3 * np.sqrt(p_h * (1 - p_h) / (n * p_c)) + 1e-9, (top_k, r, p_h)
+        p_c = mcnemar_power(n_c, g + b, b, lev_c)
+        p_h = mcnemar_power(n_h, g + b, b, lev_h)
+        assert abs(r.p_confirm_given_rank - p_c) <= 3 * np.sqrt(p_c * (1 - p_c) / n) + 1e-9, (top_k, others, r, p_c)
+        assert abs(r.p_hold_given_confirm - p_h) <= 3 * np.sqrt(p_h * (1 - p_h) / (n * p_c)) + 1e-9, (others, r, p_h)
+
+
+def test_ties_count_against_the_planted_head():
+    base = np.zeros(16)
+    heads = np.zeros((30, 16))  # no head changes anything
+    kw = dict(n_confirm=100, n_heldout=100, confirm_others=[(0, 0)], n_sim=200)
+    t = pipeline_power(base, heads, np.r_[np.full(50, 1.0), -np.arange(1, 51) / 50], gains=[0.0, 0.01], **kw)
+    assert t.margin_shift[0] == 0 < t.margin_shift[1] and t.p_rank.tolist() == [0.0, 1.0]  # a tie loses, any shift wins
+
+
+def test_hosts_are_outside_the_real_top():
+    heads = np.zeros((20, 16))
+    heads[:10] = 5.0  # the real top 2 * top_k: every item changed by 5
+    calib = np.r_[np.full(30, -1.0), np.full(20, -6.0), np.full(50, 1.0)]
+    t = pipeline_power(np.zeros(16), heads, calib, n_confirm=100, n_heldout=100, gains=[0.3, 0.5],
+                       confirm_others=[(0, 0)], n_sim=500)
+    assert t.margin_shift.tolist() == [3.5, pytest.approx(6.0)] and t.p_rank.tolist() == [0.0, 1.0]
 
 
 def test_monotone_in_gain():
