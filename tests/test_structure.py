@@ -7,8 +7,9 @@ import cel_utils
 
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
-ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "ablation", "scoring", "engine", "stats",
-         "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "mechanism", "explanation", "theory", "dynamics", "checks", "tables", "plots", "theory_plots", "widgets", "shards",
+ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "ablation", "scoring", "engine",
+         "stats", "power", "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "mechanism",
+         "explanation", "theory", "dynamics", "checks", "tables", "plots", "theory_plots", "widgets", "shards",
          "book", "cli"]
 
 
