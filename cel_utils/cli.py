@@ -7,6 +7,8 @@
                [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
+    cel verdict --model M --task T [--n-search N] [--n-confirm N] [--n-heldout N] [--top-k K] [--mode M] [--seed S]
+               [--power-sims N] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
 
@@ -292,6 +294,39 @@ def cmd_merge(args):
     emit(merge(args.files), args.out)
 
 
+def cmd_verdict(args):
+    """The book's verdict for one (model, task): search -> confirm -> held-out, with the power of the whole
+    pipeline (chapter 1a's row for that pair at the same parameters)."""
+    from .tasks import SPLITS, load_task
+    from .verdict import VerdictSettings, single_head_verdict
+
+    check_out(args.out)
+    _check_sizes(args)
+    if args.split is not None or args.n is not None:
+        raise CELError("cel verdict uses all three splits: give --n-search, --n-confirm and --n-heldout, not --split/--n")
+    for k in ("n_search", "n_confirm", "n_heldout", "top_k"):
+        if getattr(args, k) < 1:
+            raise CELError(f"--{k.replace('_', '-')} must be at least 1, got {getattr(args, k)}")
+    if not 0 < args.fdr < 1:
+        raise CELError(f"--fdr must be between 0 and 1, got {args.fdr}")
+    if args.power_sims < 0:
+        raise CELError(f"--power-sims must be at least 0, got {args.power_sims}")
+    s = VerdictSettings(n_search=args.n_search, n_confirm=args.n_confirm, n_heldout=args.n_heldout, top_k=args.top_k,
+                        fdr=args.fdr, seed=args.seed, mode=args.mode, power_sims=args.power_sims)
+    splits = {sp: load_task(args.task, sp, n=getattr(s, f"n_{sp}"), seed=args.seed, clip=True) for sp in SPLITS}
+    if splits["search"].split is None:
+        raise CELError("cel verdict needs three splits: a built-in task, or a JSONL file with 'split' fields")
+    lm, _ = _load(args, splits["search"])
+    v = single_head_verdict(lm, splits, heads=args.heads or "all", settings=s)
+    out = _header(lm, splits["search"], args)
+    out.pop("split"), out.pop("n_items")
+    row = v.row()
+    out.update({"verdict": row["verdict"], "row": row, **v.record(),
+                "settings": {k: getattr(s, k) for k in ("n_search", "n_confirm", "n_heldout", "top_k", "fdr",
+                                                         "seed", "power_sims")}})
+    emit(out, args.out)
+
+
 def cmd_explain(args):
     from .ablation import check_head_spec, parse_heads
     from .explanation import profile
@@ -388,6 +423,18 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("files", nargs="+")
     mg.add_argument("--out", default=None)
     mg.set_defaults(fn=cmd_merge)
+
+    v = sub.add_parser("verdict", help="search -> confirm -> held-out for one task, with the power of the whole pipeline")
+    common(v)
+    v.add_argument("--n-search", type=int, default=defaults.N_SEARCH, help="search items (every head screened)")
+    v.add_argument("--n-confirm", type=int, default=defaults.N_CONFIRM, help="confirm items (the top heads re-tested)")
+    v.add_argument("--n-heldout", type=int, default=defaults.N_HELDOUT, help="held-out items (the final test)")
+    v.add_argument("--top-k", type=int, default=defaults.CONFIRM_TOP_K, help="heads re-tested on the confirm split")
+    v.add_argument("--fdr", type=float, default=defaults.FDR)
+    v.add_argument("--heads", default=None, help="heads to screen (default: all), e.g. L0H6,L3 or all")
+    v.add_argument("--power-sims", type=int, default=defaults.POWER_SIMS,
+                   help="simulations of the whole pipeline's power (0: skip)")
+    v.set_defaults(fn=cmd_verdict)
 
     x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
     common(x)

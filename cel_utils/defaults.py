@@ -14,12 +14,19 @@ MAX_TOKENS = 8192
 GRADIENT_MAX_TOKENS = 4096
 SCREEN_CHUNK_LAYERS = 6  # a screen is computed and cached this many layers at a time (a killed screen resumes)
 
+# The verdict's splits (chapter 1a and cel verdict)
+N_SEARCH = 32        # items on which every head is screened
+N_CONFIRM = 250      # items on which the top heads are re-tested
+N_HELDOUT = 200      # items for the final test of what was confirmed
+
 # Statistics over items
 N_BOOT = 2000        # bootstrap resamples
 ALPHA = 0.05         # two-sided level of the confidence intervals (95%)
 FDR = 0.10           # false-discovery rate of the candidate rule and of confirmation (Benjamini-Hochberg)
 CONFIRM_TOP_K = 5    # heads, ranked on the search split, re-tested on the confirm split
 POWER = 0.80         # power at which minimum detectable gains are stated
+POWER_GAIN = 0.10    # the gain at which the power of the whole pipeline is stated
+POWER_SIMS = 2000    # simulations of the whole pipeline per (model, task) (cel_utils.power)
 
 # Joint search
 TIE_BREAK = 1e-3     # weight of the mean margin in a set's search score (orders sets with equal accuracy)

@@ -29,11 +29,13 @@ import pandas as pd
 
 from .ablation import Ablation, Head, format_heads, format_set, layer_of, parse_heads, parse_set
 from .compare import Comparison, compare_sets, heldout_test, pick_chosen
-from .defaults import CONFIRM_TOP_K, FDR, N_BOOT, POWER
+from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, N_BOOT, N_CONFIRM, N_HELDOUT, N_SEARCH, POWER, POWER_GAIN,
+                       POWER_SIMS)
 from .io import json_safe
 from .scoring import encode_task
 from .joint import cross_task
 from .screening import Screen, confirm_test, confirmation_power, screen
+from .power import pipeline_power, power_sentence
 from .stats import min_detectable_gain
 from .tasks import Task, load_task
 
@@ -55,6 +57,7 @@ class Verdict:
     heldout_comparison: Comparison | None
     ablation: Ablation | None = None    # the ablation used (with its head means in mean mode)
     fdr: float = FDR
+    pipeline: pd.DataFrame | None = None  # power of the whole pipeline (:func:`pipeline_power_table`)
 
     @property
     def chosen(self) -> str | None:
@@ -88,11 +91,14 @@ class Verdict:
             "delta_accuracy": st["delta_accuracy"].tolist(),
             "confirm": self.confirm[conf_cols].to_dict("records"), "confirmed": list(self.confirmed),
             "min_detectable_gain": self.power["min_detectable_gain"],
-            "heldout": self.heldout[held_cols].to_dict("records") if len(self.heldout) else []})
+            "heldout": self.heldout[held_cols].to_dict("records") if len(self.heldout) else [],
+            **{k: v for k, v in self.power_summary().items() if k != "power_sentence"},
+            "pipeline": self.pipeline.to_dict("records") if self.pipeline is not None else []})
 
     def row(self) -> dict:
         """One row of the verdict table."""
         mde = self.power["min_detectable_gain"]
+        pw = self.power_summary()
         base = {"model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
                 "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
                 "baseline": float(self.confirm_comparison.baseline.accuracy[0]),
@@ -100,15 +106,9 @@ class Verdict:
                 "n_candidates": int(self.stats["candidate"].sum()), "confirmed": ", ".join(self.confirmed),
                 "mde": mde, "chosen": self.chosen, "heldout_baseline": np.nan, "heldout_delta": np.nan,
                 "ci_low": np.nan, "ci_high": np.nan, "p_holm": np.nan, "holds": False, "together_delta": np.nan,
-                "together_ci_low": np.nan, "together_ci_high": np.nan, "together_holds": False}
-        room = 1.0 - base["baseline"]
+                "together_ci_low": np.nan, "together_ci_high": np.nan, "together_holds": False, **pw}
         if not self.confirmed:
-            base["verdict"] = (
-                "not detected: these confirm items could not detect any gain with "
-                f"{self.power['power']:.0%} power" if not np.isfinite(mde) else
-                f"not detected: a single head with gain >= {mde:.3f} would have been confirmed with "
-                f"{self.power['power']:.0%} power" + (f" (but the confirm baseline leaves only {room:.3f} to gain)"
-                                                      if room < mde else ""))
+            base["verdict"] = "not detected: " + pw["power_sentence"]
             return base
         tab = self.heldout.set_index("heads")
         r = tab.loc[self.chosen]
@@ -129,6 +129,32 @@ class Verdict:
                                 f"{len(self.confirmed)} removed together change it by {t['delta_accuracy']:+.3f} "
                                 f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
         return base
+
+    def power_summary(self) -> dict:
+        """The power fields of :meth:`row`: the confirm test's minimum detectable gain at break rate 0 (``mde``,
+        the best case) and at the largest break rate among the re-tested heads (``mde_worst``), and the power of
+        the whole pipeline at ``POWER_GAIN`` at that largest break rate (``pipeline_power``) and at 0
+        (``pipeline_power_best``), with the sentence that states them (never "ruled out")."""
+        n = len(self.splits["confirm"])
+        b_max = float(self.confirm["breaks"].max()) / n if len(self.confirm) else 0.0
+        mde_worst = min_detectable_gain(n, self.power["alpha"], b_max, self.power["power"])
+        out = {"mde": self.power["min_detectable_gain"], "mde_worst": mde_worst, "break_rate_worst": b_max,
+               "pipeline_power": np.nan, "pipeline_power_best": np.nan, "power_gain": POWER_GAIN,
+               "power_sentence": ""}
+        if self.pipeline is None or self.pipeline.empty:
+            return out
+        at = self.pipeline[np.isclose(self.pipeline.gain, POWER_GAIN)]
+        worst, best = at.loc[at.break_rate.idxmax()], at.loc[at.break_rate.idxmin()]
+        out.update(pipeline_power=float(worst["power"]), pipeline_power_best=float(best["power"]))
+        text = power_sentence(worst)
+        if worst["break_rate"] > 0 and isinstance(best["reason"], str) is False:
+            text += f" ({best['power']:.2f} if it breaks nothing)"
+        if np.isfinite(out["mde"]):
+            text += (f"; the confirm test alone, for a head already ranked in the top {len(self.confirm)}, detects "
+                     f"a gain of {out['mde']:.3f} with {self.power['power']:.0%} power at best (breaking nothing), "
+                     f"{mde_worst:.3f} at the largest re-tested break rate ({b_max:.3f})")
+        out["power_sentence"] = text
+        return out
 
 
 def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
@@ -174,15 +200,34 @@ def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
 class VerdictSettings:
     """The parameters of :func:`single_head_verdict` (defaults from :mod:`cel_utils.defaults`)."""
 
-    n_search: int = 32            # items per split (clipped to what a split holds)
-    n_confirm: int = 200
-    n_heldout: int = 200
+    n_search: int = N_SEARCH      # items per split (clipped to what a split holds)
+    n_confirm: int = N_CONFIRM
+    n_heldout: int = N_HELDOUT
     top_k: int = CONFIRM_TOP_K    # heads re-tested on the confirm split
     fdr: float = FDR
     seed: int = 0
     mode: str | Ablation = "zero"
     n_boot: int = N_BOOT
     power: float = POWER
+    power_sims: int = POWER_SIMS  # simulations of the whole pipeline (0: not computed)
+
+
+def pipeline_power_table(sc: Screen, conf: pd.DataFrame, conf_cmp: Comparison, held: pd.DataFrame, n_heldout: int,
+                         mde: float, s: VerdictSettings) -> pd.DataFrame:
+    """:func:`cel_utils.power.pipeline_power` around this pair's own screen: a head planted in the real search
+    screen (margins of every head on the search items), the real re-tested heads' confirm (fixes, breaks), the
+    real held-out p-values, the confirm split's unablated margins to turn a gain into a margin shift; at
+    ``POWER_GAIN`` and at the confirm test's best-case MDE, breaking nothing and breaking as much as the worst
+    re-tested head. ``match_spread`` (the estimate that tracked a direct simulation, ``tests/test_power.py``)."""
+    n = len(conf_cmp.baseline.correct[0])
+    b_max = float(conf["breaks"].max()) / n if len(conf) else 0.0
+    gains = [POWER_GAIN] + ([round(mde, 4)] if np.isfinite(mde) and not np.isclose(mde, POWER_GAIN) else [])
+    return pipeline_power(sc.baseline.margin[0], sc.results.margin, conf_cmp.baseline.margin[0], n_confirm=n,
+                          n_heldout=n_heldout, top_k=len(conf), fdr=s.fdr, alpha=ALPHA, gains=gains,
+                          break_rates=sorted({0.0, b_max}),
+                          confirm_others=list(zip(conf["fixes"].astype(int), conf["breaks"].astype(int))),
+                          heldout_others=held["p_value"].tolist() if len(held) else None, match_spread=True,
+                          n_sim=s.power_sims, seed=s.seed)
 
 
 def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[Head] = "all",
@@ -215,9 +260,11 @@ def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[H
         if len(confirmed) > 1:
             sets[format_set(parse_heads(confirmed))] = parse_heads(confirmed)
         held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=s.n_boot, seed=s.seed)
+    pipeline = (pipeline_power_table(sc, conf, conf_cmp, held, len(splits["heldout"]), pw["min_detectable_gain"], s)
+                if s.power_sims > 0 else None)
     return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, confirm=conf,
                    confirm_comparison=conf_cmp, power=pw, confirmed=confirmed, heldout=held, heldout_comparison=cmp,
-                   ablation=ablation, fdr=s.fdr)
+                   ablation=ablation, fdr=s.fdr, pipeline=pipeline)
 
 
 def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str, Task], n_items: int | None = None,

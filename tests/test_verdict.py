@@ -83,6 +83,47 @@ def test_verdict_table_and_text(tiny_llama, splits):
     v = single_head_verdict(tiny_llama, splits, top_k=2, fdr=1e-9)  # nothing can be confirmed at this level
     tab = verdict_table([v])
     assert tab["confirmed"].tolist() == [""] and not tab["holds"].any()
-    assert "would have been confirmed" in tab["verdict"].iloc[0]
+    # not detected, said with the power of the whole pipeline (nothing can pass BH at 1e-9: probability 0) and
+    # the confirm test's own MDE at both break rates; never "ruled out"
+    text = tab["verdict"].iloc[0]
+    assert text.startswith("not detected: a single head with gain 0.10") and "localized with probability 0.00" in text
+    assert tab["pipeline_power"].iloc[0] == 0 and "ruled out" not in text
+    assert f"{tab['mde'].iloc[0]:.3f} with 80% power at best" in text and tab["mde_worst"].iloc[0] >= tab["mde"].iloc[0]
     assert f"accuracy {tab['baseline'].iloc[0]:.3f} on 60 confirm items" in verdict_markdown(tab)
     assert tab["baseline"].iloc[0] == v.confirm["baseline_accuracy"].iloc[0]
+
+
+def test_cel_verdict_matches_the_library_and_refuses_bad_input(tmp_path, capsys):
+    """`cel verdict` on a tiny model with a planted harmful head (items in three splits): it localizes that head,
+    its record equals single_head_verdict's row at the same parameters (run in this process, after the command:
+    the result cache is off, so nothing is read back), and bad input exits 2 with one line and writes nothing."""
+    import json
+
+    from cel_utils.cli import main
+    from cel_utils.models import load_model
+    from cel_utils.tasks import SPLITS, load_task
+    from cel_utils.tiny import HARMFUL_HEAD, save_harmful
+
+    folder, task = save_harmful(tmp_path / "m")
+    out = tmp_path / "v.json"
+    argv = ["verdict", "--model", folder, "--task", task, "--n-search", "20", "--n-confirm", "20", "--n-heldout", "20",
+            "--top-k", "3", "--power-sims", "300", "--no-cache"]
+    assert main(argv + ["--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    head = "L{}H{}".format(*HARMFUL_HEAD)
+    assert d["row"]["chosen"] == head and d["confirmed"][0] == head
+    assert d["row"]["holds"] and d["verdict"].startswith(f"localized: removing {head}")
+    assert 0 <= d["pipeline_power"] <= 1 and d["mde_worst"] >= d["mde"]
+    lm = load_model(folder, cache=False)
+    splits = {s: load_task(task, s, n=20, clip=True) for s in SPLITS}
+    row = single_head_verdict(lm, splits, top_k=3, power_sims=300).row()
+    for k in ("chosen", "heldout_delta", "ci_low", "ci_high", "p_holm", "mde", "mde_worst", "pipeline_power",
+              "pipeline_power_best", "verdict"):
+        assert d["row"][k] == pytest.approx(row[k]) if isinstance(row[k], float) else d["row"][k] == row[k], k
+    for bad, msg in [(["--top-k", "0"], "--top-k must be at least 1"), (["--fdr", "2"], "--fdr must be between"),
+                     (["--n", "5"], "not --split/--n"), (["--power-sims", "-1"], "--power-sims")]:
+        capsys.readouterr()
+        bad_out = tmp_path / "bad.json"
+        assert main(argv + bad + ["--out", str(bad_out)]) == 2 and not bad_out.exists()
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and msg in err, err
