@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from cel_utils import book
+from tests.oracles import bh_q, holm_p, mcnemar_p
 
 pytestmark = pytest.mark.notebook
 
@@ -130,18 +131,10 @@ def test_findings_page_states_every_verdict(staged):
     assert f"escape slope {t['early_check'][0]['predicted']:.1f} predicted" in prose
 
 
-def _mcnemar(f, b):
-    from scipy.stats import binomtest
-
-    return 1.0 if f + b == 0 else binomtest(f, f + b, 0.5).pvalue
-
-
 def _check_confirm(rows, fdr):
     """q-values and the confirmed flag recomputed from fixes and breaks (scipy's exact binomial test and BH)."""
-    from scipy.stats import false_discovery_control
-
     assert rows, "nothing was re-tested"
-    q = false_discovery_control([_mcnemar(c["fixes"], c["breaks"]) for c in rows])
+    q = bh_q([mcnemar_p(c["fixes"], c["breaks"]) for c in rows])
     for c, qi in zip(rows, q):
         assert c["q_value"] == pytest.approx(qi, rel=1e-9, abs=1e-12)
         assert c["confirmed"] == bool(qi < fdr and c["fixes"] > c["breaks"])
@@ -149,12 +142,7 @@ def _check_confirm(rows, fdr):
 
 def _check_holm(rows):
     """Holm-adjusted p-values recomputed by hand from the exact tests; holds = adjusted p < 0.05 and a gain."""
-    p = [_mcnemar(h["fixes"], h["breaks"]) for h in rows]
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    adj, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adj[i] = running
+    adj = holm_p([mcnemar_p(h["fixes"], h["breaks"]) for h in rows])
     for h, a in zip(rows, adj):
         assert h["p_holm"] == pytest.approx(a, rel=1e-9, abs=1e-12)
         assert h["holds"] == bool(a < 0.05 and h["fixes"] > h["breaks"])
