@@ -459,12 +459,11 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path):
     assert not (tmp_path / "03_theory.record.json").exists()
 
 
-def test_joint_search_chapter_in_mean_mode(tmp_path):
+def test_joint_search_chapter_in_mean_mode(tiny_folder, tmp_path):
     """Chapter 2 with mode="mean" runs end to end (on a user's own model folder: a tiny Llama)."""
     import papermill as pm
-    from cel_utils.tiny import save_tiny
 
-    d = save_tiny(tmp_path / "model", "llama")
+    d = tiny_folder("llama")
     params = {"models": [d], "tasks": {d: ["agreement", "sentiment"]}, "cost_tasks": {d: ["agreement", "sentiment"]},
               "n_search": 6, "n_confirm": 6, "n_heldout": 6, "n_explore": 6, "n_cost": 6, "screen_heads": "all",
               "pool_size": 3, "max_size": 2, "random_sets": 3, "random_pools": 1, "fdr": 1.01, "mode": "mean",

@@ -11,11 +11,9 @@ from tests.oracles import bh_q, mcnemar_p
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(tiny_folder):
     """A tiny Llama saved as a local folder: exercises loading a user's own model."""
-    from cel_utils.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), "llama")
+    return tiny_folder("llama")
 
 
 def run(argv, capsys):
@@ -152,11 +150,9 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def harm(tmp_path_factory):
+def harm(harmful_folder):
     """A tiny Llama with one planted harmful head (tiny.HARMFUL_HEAD) and its JSONL items (split fields)."""
-    from cel_utils.tiny import save_harmful
-
-    return save_harmful(tmp_path_factory.mktemp("tiny_harm"))
+    return harmful_folder
 
 
 def _eval_head(model, task, split, n, head, tmp_path) -> dict:

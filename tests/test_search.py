@@ -110,13 +110,12 @@ def _check_search_figures(j, model, task, n, tmp_path):
         assert s["interaction"] == pytest.approx(whole - singles)
 
 
-def test_cel_search_json(tmp_path, capsys):
+def test_cel_search_json(tiny_folder, tmp_path, capsys):
     import json
 
     from cel_utils.cli import main
-    from cel_utils.tiny import save_tiny
 
-    d = save_tiny(tmp_path / "m", "llama")
+    d = tiny_folder("llama")
     scr = tmp_path / "screen.json"
     assert main(["screen", "--model", d, "--task", "ioi", "--n", "16", "--quiet", "--out", str(scr)]) == 0
     out = tmp_path / "search.json"
@@ -160,15 +159,15 @@ def test_cel_search_json(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{f}" in err and msg in err and len(err.strip().splitlines()) == 1, (name, err)
 
-def test_cel_search_sum_of_singles_on_planted_head(tmp_path):
+def test_cel_search_sum_of_singles_on_planted_head(harmful_folder, tmp_path):
     """On a model with a planted harmful head, the sum of singles of every best set is that head's gain (1.0 on
     the search split): checked against separate `cel eval` runs, as are the sets' own changes."""
     import json
 
     from cel_utils.cli import main
-    from cel_utils.tiny import HARMFUL_HEAD, save_harmful
+    from cel_utils.tiny import HARMFUL_HEAD
 
-    model, task = save_harmful(tmp_path / "m")
+    model, task = harmful_folder
     out = tmp_path / "search.json"
     assert main(["search", "--model", model, "--task", task, "--n", "12", "--pool", "3", "--max-size", "2",
                  "--strategy", "exhaustive", "--random-sets", "0", "--out", str(out)]) == 0
