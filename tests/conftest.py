@@ -92,3 +92,28 @@ def one_thread_for_tiny_models(request):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# ---- the book: every chapter executed once per session, shared by test_book_records, test_book_pages and
+# test_book_browser (all marked notebook)
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    """(staged book root, execution status): every chapter executed once, at the tests' CI_PARAMETERS and with
+    its exercise solutions appended."""
+    from cel_utils import book
+    from tests.book_helpers import CI_PARAMETERS
+
+    root = book.stage(tmp_path_factory.mktemp("book"))
+    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS, solutions=True)
+    return root, status
+
+
+@pytest.fixture(scope="session")
+def built(staged):
+    """The HTML book built from the executed chapters of ``staged``."""
+    from cel_utils import book
+
+    root, _ = staged
+    return book.build(root)
