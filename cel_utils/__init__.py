@@ -3,14 +3,19 @@
 Modules, in the order imports flow (each imports only from modules before it):
 
 * ``errors``, ``defaults``, ``io`` -- the one error type, every default, atomic JSON output
-* ``models`` (loading), ``tasks`` (built-in and JSONL tasks), ``ablation`` (head ablation, ``Ablation``)
-* ``scoring`` (encoding items, reads, aggregation, the plain-loop reference ``plain_evaluate``)
-* ``cache`` (on-disk results), ``engine`` (the exact batched evaluator of head sets)
-* ``stats`` (paired statistics), ``compare`` (head sets against the unablated model: ``compare_sets``)
+* ``hooks`` (model internals: per-family layout, named points, hooks always removed), ``cache`` (on-disk results)
+* ``models`` (loading), ``tiny`` (tiny random models for tests and exercise checks), ``tasks`` (built-in, JSONL)
+* ``ablation`` (head ablation, ``Ablation``), ``scoring`` (items, reads, the plain-loop reference ``plain_evaluate``)
+* ``engine`` (the exact batched evaluator of head sets), ``stats`` (paired statistics, exact tests, power)
+* ``compare`` (head sets against the unablated model: ``compare_sets``, ``heldout_test``)
 * ``screening`` (single-head screens), ``approximate`` (gradient and compressed-sensing screens, benchmark)
 * ``search`` (model-free strategies), ``joint`` (model-backed joint search, controls, cross-task cost)
-* ``effects`` (per-class effects, flips), ``theory`` (the toy model of chapter 3)
-* ``plots``, ``widgets``, ``book``, ``cli``
+* ``effects`` (per-class effects, flips), ``verdict`` (choose, confirm, report on three splits)
+* ``mechanism`` (inside a head: its direct logits, the path split, where it attends)
+* ``theory`` (the toy model of chapter 3), ``dynamics`` (its early phase, derived and checked)
+* ``checks`` (checks for the exercises), ``tables`` (tables for people), ``plots`` (offline plotly figures)
+* ``widgets`` (live explorers, the kernel-free subset explorer), ``book`` (execute the chapters, build the HTML)
+* ``cli`` (the ``cel`` command line)
 """
 
 __version__ = "0.1.0"

@@ -30,6 +30,46 @@ def tiny_llama():
     return tiny_model("llama")
 
 
+def _snapshot(folder) -> dict:
+    """Every file under ``folder`` with its bytes' digest: what a test that only reads must leave as it was."""
+    import hashlib
+
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(Path(folder).rglob("*")) if f.is_file()}
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory):
+    """``tiny_folder(family)``: the path (a string) of that family's tiny model saved as a local folder, as a
+    user's own model would be; saved once per session and shared, so read it only (a test that changes a model
+    folder copies it first). At the end of the session every saved folder must be as it was saved."""
+    from cel_utils.tiny import save_tiny
+
+    saved = {}
+
+    def get(family: str = "llama") -> str:
+        if family not in saved:
+            folder = save_tiny(tmp_path_factory.mktemp(f"tiny_{family}"), family)
+            saved[family] = (folder, _snapshot(folder))
+        return saved[family][0]
+
+    yield get
+    changed = [folder for folder, snap in saved.values() if _snapshot(folder) != snap]
+    assert not changed, f"a test changed a shared tiny model folder: {changed}"
+
+
+@pytest.fixture(scope="session")
+def harmful_folder(tmp_path_factory):
+    """(model folder, task file): a tiny Llama with one planted harmful head (``tiny.HARMFUL_HEAD``) and its JSONL
+    items (split fields), saved once per session; read only, checked unchanged at the end of the session."""
+    from cel_utils.tiny import save_harmful
+
+    folder, task = save_harmful(tmp_path_factory.mktemp("tiny_harm"))
+    snap = _snapshot(folder)
+    yield folder, task
+    assert _snapshot(folder) == snap, f"a test changed the shared harmful-head model folder {folder}"
+
+
 @pytest.fixture(scope="session")
 def smol():
     from cel_utils.models import load_model
@@ -52,3 +92,28 @@ def one_thread_for_tiny_models(request):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+# ---- the book: every chapter executed once per session, shared by test_book_records, test_book_pages and
+# test_book_browser (all marked notebook)
+
+
+@pytest.fixture(scope="session")
+def staged(tmp_path_factory):
+    """(staged book root, execution status): every chapter executed once, at the tests' CI_PARAMETERS and with
+    its exercise solutions appended."""
+    from cel_utils import book
+    from tests.book_helpers import CI_PARAMETERS
+
+    root = book.stage(tmp_path_factory.mktemp("book"))
+    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS, solutions=True)
+    return root, status
+
+
+@pytest.fixture(scope="session")
+def built(staged):
+    """The HTML book built from the executed chapters of ``staged``."""
+    from cel_utils import book
+
+    root, _ = staged
+    return book.build(root)

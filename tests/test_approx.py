@@ -69,10 +69,10 @@ def test_agreement_measures(planted):
     assert cmp["recall_top2_improvers"] == 1.0
 
 
-def test_cli_method_recorded(tmp_path, capsys):
-    from cel_utils.tiny import save_tiny, tiny_model
+def test_cli_method_recorded(tiny_folder, tmp_path, capsys):
+    from cel_utils.tiny import tiny_model
 
-    d = save_tiny(tmp_path / "m", "llama")
+    d = tiny_folder("llama")
     lm = tiny_model("llama")
     for method in ("gradient", "compressed"):
         out = tmp_path / f"{method}.json"

@@ -7,14 +7,13 @@ import pytest
 
 from cel_utils.cli import main
 from cel_utils.defaults import SEARCH_POOL_MAX
+from tests.oracles import bh_q, mcnemar_p
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(tiny_folder):
     """A tiny Llama saved as a local folder: exercises loading a user's own model."""
-    from cel_utils.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), "llama")
+    return tiny_folder("llama")
 
 
 def run(argv, capsys):
@@ -151,11 +150,9 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def harm(tmp_path_factory):
+def harm(harmful_folder):
     """A tiny Llama with one planted harmful head (tiny.HARMFUL_HEAD) and its JSONL items (split fields)."""
-    from cel_utils.tiny import save_harmful
-
-    return save_harmful(tmp_path_factory.mktemp("tiny_harm"))
+    return harmful_folder
 
 
 def _eval_head(model, task, split, n, head, tmp_path) -> dict:
@@ -168,14 +165,11 @@ def _eval_head(model, task, split, n, head, tmp_path) -> dict:
 def _mcnemar_from_evals(evals, n):
     """Exact McNemar p-values (scipy) and BH q-values (scipy) from separate `cel eval` runs. The baseline gets
     every item wrong (checked), so an ablated accuracy a means a * n fixes and no breaks."""
-    from scipy.stats import binomtest, false_discovery_control
-
     ps = []
     for ev in evals:
         assert ev["baseline"]["accuracy"] == 0
-        fixes = round(ev["ablated"]["accuracy"] * n)
-        ps.append(binomtest(fixes, fixes, 0.5).pvalue if fixes else 1.0)
-    return ps, list(false_discovery_control(ps, method="bh"))
+        ps.append(mcnemar_p(round(ev["ablated"]["accuracy"] * n), 0))
+    return ps, list(bh_q(ps))
 
 
 def test_screen_statistics_and_heldout(harm, tmp_path, capsys):

@@ -34,10 +34,8 @@ def _json(path):
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from cel_utils.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny_faults"), "llama")
+def model_dir(tiny_folder):
+    return tiny_folder("llama")
 
 
 def test_two_processes_share_one_cache(model_dir, tmp_path):

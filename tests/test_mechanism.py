@@ -13,7 +13,7 @@ from cel_utils import explanation as E
 from cel_utils import mechanism as M
 from cel_utils.cli import main
 from cel_utils.tasks import Task
-from cel_utils.tiny import HARMFUL_HEAD, harm_items, save_tiny, tiny_model
+from cel_utils.tiny import HARMFUL_HEAD, harm_items, tiny_model
 
 
 def _task(kind: str, n: int = 12) -> Task:
@@ -194,8 +194,8 @@ def test_top_tokens_are_the_heads_largest_direct_logits(tiny_llama):
     assert promoted[0]["mean_logit"] > 0 > suppressed[0]["mean_logit"]
 
 
-def test_cel_explain_writes_the_schema(tmp_path, capsys):
-    folder = save_tiny(tmp_path / "m", "llama")
+def test_cel_explain_writes_the_schema(tiny_folder, tmp_path, capsys):
+    folder = tiny_folder("llama")
     data = tmp_path / "harm.jsonl"
     data.write_text("".join(json.dumps(it) + "\n" for it in harm_items(8)))
     out = tmp_path / "x.json"

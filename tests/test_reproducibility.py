@@ -8,10 +8,8 @@ from cel_utils.cli import main
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from cel_utils.tiny import save_tiny
-
-    return save_tiny(tmp_path_factory.mktemp("tiny_gemma"), "gemma3")
+def model_dir(tiny_folder):
+    return tiny_folder("gemma3")
 
 
 def _strip_timing(path):

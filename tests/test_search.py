@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cel_utils.search import beam, exhaustive, greedy
+from tests.oracles import holm_p, mcnemar_p
 
 
 def make_score(n=10, seed=0, planted=(1, 4, 7)):
@@ -111,13 +112,12 @@ def _check_search_figures(j, model, task, n, tmp_path):
         assert h["interaction_ci_low"] - 1e-9 <= h["interaction"] <= h["interaction_ci_high"] + 1e-9
 
 
-def test_cel_search_json(tmp_path, capsys):
+def test_cel_search_json(tiny_folder, tmp_path, capsys):
     import json
 
     from cel_utils.cli import main
-    from cel_utils.tiny import save_tiny
 
-    d = save_tiny(tmp_path / "m", "llama")
+    d = tiny_folder("llama")
     scr = tmp_path / "screen.json"
     assert main(["screen", "--model", d, "--task", "ioi", "--n", "16", "--quiet", "--out", str(scr)]) == 0
     out = tmp_path / "search.json"
@@ -162,16 +162,16 @@ def test_cel_search_json(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{f}" in err and msg in err and len(err.strip().splitlines()) == 1, (name, err)
 
-def test_cel_search_sum_of_singles_on_planted_head(tmp_path):
+def test_cel_search_sum_of_singles_on_planted_head(harmful_folder, tmp_path):
     """On a model with a planted harmful head and near-silent others, every best set holds the harmful head and its
     margins add up (the other heads barely act): the held-out interaction is a small fraction of the set's change;
     the figures are checked against separate `cel eval` runs."""
     import json
 
     from cel_utils.cli import main
-    from cel_utils.tiny import HARMFUL_HEAD, save_harmful
+    from cel_utils.tiny import HARMFUL_HEAD
 
-    model, task = save_harmful(tmp_path / "m")
+    model, task = harmful_folder
     out = tmp_path / "search.json"
     assert main(["search", "--model", model, "--task", task, "--n", "12", "--pool", "3", "--max-size", "2",
                  "--strategy", "exhaustive", "--random-sets", "0", "--out", str(out)]) == 0
@@ -187,8 +187,6 @@ def test_cel_search_sum_of_singles_on_planted_head(tmp_path):
 def test_joint_search_on_tiny_model(tiny_llama):
     """Every subset is evaluated on the search split; the best set of each size is confirmed and tested with the
     right statistics (checked against scipy on direct evaluations); controls are consistent."""
-    from scipy.stats import binomtest
-
     from cel_utils.ablation import parse_heads, parse_set
     from cel_utils.scoring import encode_task
     from cel_utils.engine import evaluate_head_sets
@@ -230,7 +228,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
         r = evaluate_head_sets(lm, encode_task(lm, task), [[]] + sets, progress=False, result_cache=False)
         base, abl = r.correct[0], r.correct[1:]
         fixes, breaks = (~base & abl).sum(1), (base & ~abl).sum(1)
-        ps[split] = np.array([1.0 if f + k == 0 else binomtest(int(f), int(f + k)).pvalue for f, k in zip(fixes, breaks)])
+        ps[split] = np.array([mcnemar_p(f, k) for f, k in zip(fixes, breaks)])
         col = "confirm_delta_accuracy" if split == "confirm" else "heldout_delta_accuracy"
         assert b[col].to_numpy() == pytest.approx((fixes - breaks) / len(task))
         # interaction on held-out margins: the set's change minus its members' changes
@@ -241,11 +239,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
                 want = (r.margin[1 + j] - r.margin[0]) - sum(dm[pool.index(x)] for x in hs)
                 assert b["interaction"].iloc[j] == pytest.approx(want.mean(), abs=1e-4)
                 assert b["interaction_ci_low"].iloc[j] <= b["interaction"].iloc[j] + 1e-9
-    order = np.argsort(ps["heldout"])
-    holm = np.minimum(1, np.maximum.accumulate(ps["heldout"][order] * (3 - np.arange(3))))
-    want = np.empty(3)
-    want[order] = holm
-    assert b["p_holm"].to_numpy() == pytest.approx(want)
+    assert b["p_holm"].to_numpy() == pytest.approx(holm_p(ps["heldout"]))
     assert b["interaction"].iloc[0] == pytest.approx(0.0, abs=1e-6)   # one head: nothing to interact with
     # the choice uses the confirm split only: of the three confirmed sets (gains checked above against direct
     # evaluations), the one with the largest confirm gain, the middle size: not the first or last confirmed,

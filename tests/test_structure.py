@@ -30,6 +30,17 @@ def test_every_module_is_placed():
     assert mods == set(ORDER), f"unplaced: {mods ^ set(ORDER)}"
 
 
+def test_package_docstring_lists_every_module_in_order():
+    """cel_utils/__init__.py's docstring names, in its bullet lines, every module of the package once, in the
+    order imports flow (ORDER)."""
+    import re
+
+    modules = {p.stem for p in PKG.glob("*.py")} - {"__init__", "__main__"}
+    bullets = [line for line in (cel_utils.__doc__ or "").splitlines() if line.startswith("* ")]
+    named = [m for line in bullets for m in re.findall(r"``([a-z_]+)``", line) if m in modules]
+    assert named == ORDER, f"missing: {[m for m in ORDER if m not in named]}; listed: {named}"
+
+
 def test_no_upward_import_and_no_private_names():
     problems = []
     for name in ORDER:

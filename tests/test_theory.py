@@ -3,6 +3,7 @@ import pytest
 from scipy.optimize import minimize
 
 from cel_utils import theory as th
+from tests.oracles import holm_p
 
 
 def test_closed_form_optimum_matches_numerical_minimisation():
@@ -259,7 +260,5 @@ def test_tradeoff_against_a_hand_count():
     # L0H3 does not hurt A (a = 0.2); of the other three, L0H7 hurts A (a = -0.2)
     assert (ba.help_a, ba.confirmed, ba.confirmed_hurt_b, ba.others_help_a, ba.others_hurt_b) == (4, 1, 0, 3, 1)
     assert ba.p_value == pytest.approx(hypergeom.sf(-1, 4, 1, 1))   # P(X >= 0) = 1
-    lo, hi = sorted([ab.p_value, ba.p_value])
-    holm = {lo: min(1, 2 * lo), hi: min(1, max(2 * lo, hi))}
-    assert ab.p_holm == pytest.approx(holm[ab.p_value]) and ba.p_holm == pytest.approx(holm[ba.p_value])
+    assert [ab.p_holm, ba.p_holm] == pytest.approx(holm_p([ab.p_value, ba.p_value]))
     assert len(points) == 16 and points[points.task_a == "A"].confirmed.sum() == 3

@@ -7,32 +7,18 @@ split use, its BH or its Holm step shows up as a disagreement.
 
 import numpy as np
 import pytest
-from scipy.stats import binomtest, false_discovery_control
 
 from cel_utils.ablation import head_name, parse_heads
 from cel_utils.scoring import encode_task, plain_evaluate
 from cel_utils.tasks import load_task
-from cel_utils.ablation import format_set, parse_heads
+from cel_utils.ablation import format_set
 from cel_utils.verdict import single_head_verdict, verdict_markdown, verdict_table
+from tests.oracles import bh_q, holm_p, mcnemar_p
 
 
 @pytest.fixture(scope="module")
 def splits():
     return {s: load_task("ioi", s, n=n, seed=0) for s, n in (("search", 12), ("confirm", 60), ("heldout", 60))}
-
-
-def _p(fixes, breaks):
-    return 1.0 if fixes + breaks == 0 else binomtest(int(fixes), int(fixes + breaks), 0.5).pvalue
-
-
-def _holm(p):
-    p = np.asarray(p, float)
-    order, m = np.argsort(p), len(p)
-    adj, run = np.empty(m), 0.0
-    for rank, i in enumerate(order):
-        run = max(run, (m - rank) * p[i])
-        adj[i] = min(run, 1.0)
-    return adj
 
 
 def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
@@ -55,7 +41,7 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     for h in top:
         a = plain_evaluate(lm, enc_c, [h]).correct[0]
         fb.append((int((~bc & a).sum()), int((bc & ~a).sum())))
-    q = false_discovery_control([_p(f, k) for f, k in fb])
+    q = bh_q([mcnemar_p(f, k) for f, k in fb])
     confirmed = [head_name(h) for h, (f, k), qq in zip(top, fb, q) if qq < fdr and f > k]
     assert v.confirmed == confirmed
     np.testing.assert_allclose(v.confirm["q_value"], q, rtol=1e-9)
@@ -69,14 +55,15 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     p = []
     for s in sets:
         a = plain_evaluate(lm, enc_h, s).correct[0]
-        p.append(_p((~bh & a).sum(), (bh & ~a).sum()))
-    np.testing.assert_allclose(v.heldout["p_holm"], _holm(p), rtol=1e-9)
+        p.append(mcnemar_p((~bh & a).sum(), (bh & ~a).sum()))
+    np.testing.assert_allclose(v.heldout["p_holm"], holm_p(p), rtol=1e-9)
     row = v.row()
     gains = {head_name(h): (f - k) / len(splits["confirm"]) for h, (f, k) in zip(top, fb)}
     best = max(confirmed, key=lambda h: gains[h])  # the confirmed head with the largest confirm gain
     assert row["chosen"] == best
-    assert row["p_holm"] == pytest.approx(_holm(p)[confirmed.index(best)])
-    assert row["together_delta"] == pytest.approx(v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "delta_accuracy"])
+    assert row["p_holm"] == pytest.approx(holm_p(p)[confirmed.index(best)])
+    assert row["together_delta"] == pytest.approx(
+        v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "delta_accuracy"])
 
 
 def test_verdict_table_and_text(tiny_llama, splits):
@@ -93,7 +80,7 @@ def test_verdict_table_and_text(tiny_llama, splits):
     assert tab["baseline"].iloc[0] == v.confirm["baseline_accuracy"].iloc[0]
 
 
-def test_cel_verdict_matches_the_library_and_refuses_bad_input(tmp_path, capsys):
+def test_cel_verdict_matches_the_library_and_refuses_bad_input(harmful_folder, tmp_path, capsys):
     """`cel verdict` on a tiny model with a planted harmful head (items in three splits): it localizes that head,
     its record equals single_head_verdict's row at the same parameters (run in this process, after the command:
     the result cache is off, so nothing is read back), and bad input exits 2 with one line and writes nothing."""
@@ -102,9 +89,9 @@ def test_cel_verdict_matches_the_library_and_refuses_bad_input(tmp_path, capsys)
     from cel_utils.cli import main
     from cel_utils.models import load_model
     from cel_utils.tasks import SPLITS, load_task
-    from cel_utils.tiny import HARMFUL_HEAD, save_harmful
+    from cel_utils.tiny import HARMFUL_HEAD
 
-    folder, task = save_harmful(tmp_path / "m")
+    folder, task = harmful_folder
     out = tmp_path / "v.json"
     argv = ["verdict", "--model", folder, "--task", task, "--n-search", "20", "--n-confirm", "20", "--n-heldout", "20",
             "--top-k", "3", "--power-sims", "300", "--no-cache"]

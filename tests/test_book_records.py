@@ -1,57 +1,17 @@
-"""Every chapter runs headless at small parameters; its recorded values are checked; the book builds
-with warnings as errors and requests nothing from outside itself."""
+"""Every chapter runs headless at small parameters (CI_PARAMETERS, executed once per session by the ``staged``
+fixture of conftest.py); its recorded values are checked against recomputations and against the prose it
+printed. A failing chapter and a wrong parameter type are clear errors."""
 
 import json
-import os
-import re
-import shutil
-import subprocess
-import tempfile
-from html.parser import HTMLParser
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cel_utils import book
+from tests.book_helpers import CI_PARAMETERS, record
+from tests.oracles import bh_q, holm_p, mcnemar_p
 
 pytestmark = pytest.mark.notebook
-
-# Outside CI a machine without Chromium skips the browser tests; in CI (CI=true) a missing Chromium fails them.
-needs_chromium = pytest.mark.skipif(shutil.which("chromium") is None and os.environ.get("CI") != "true",
-                                    reason="chromium not installed (in CI this is a failure)")
-
-CI_PARAMETERS = {
-    "01_screening": {"n_search": 8, "n_confirm": 10, "n_heldout": 8, "top_k": 3, "heads": "all"},
-    # fdr above 1 confirms every re-tested head that gains, so that the held-out, cost and mean-ablation paths run
-    "01a_landscape": {"tasks": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["agreement_rc"]},
-                      "n_search": 6, "n_confirm": 10, "n_heldout": 8, "n_cost": 6, "screen_heads": "L13,L14",
-                      "top_k": 2, "fdr": 1.01},
-    "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
-                               "compressed_evals": 20},
-    "02_joint_search": {"models": ["smollm2-135m"], "tasks": {"smollm2-135m": ["addition", "agreement_rc"]},
-                        "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,
-                        "n_confirm": 10, "n_heldout": 8, "n_explore": 6, "n_cost": 6, "screen_heads": "L13,L14",
-                        "pool_size": 3, "max_size": 2, "random_sets": 4, "random_pools": 2, "fdr": 1.01},
-    "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_tokens": 5, "n_positions": 6, "n_flipped_rows": 2},
-    "04_findings": {},
-    "05_closing": {},
-    "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,
-                  "sweep_steps": 1500, "control_seeds": 3, "early_sigmas": [1e-4, 1e-2], "early_seeds": 8,
-                  "early_steps": 2500},
-}
-
-
-@pytest.fixture(scope="session")
-def staged(tmp_path_factory):
-    root = book.stage(tmp_path_factory.mktemp("book"))
-    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS, solutions=True)
-    return root, status
-
-
-def _record(staged, name):
-    root, _ = staged
-    return json.loads((root / "book" / "chapters" / f"{name}.record.json").read_text())
 
 
 def test_every_chapter_has_ci_parameters_and_ran(staged):
@@ -64,7 +24,7 @@ def test_mechanism_chapter_records(staged):
     """Chapter 2a explains heads chapter 1a's record names, with the status that record gives them."""
     from cel_utils.models import load_model
 
-    rec, land = _record(staged, "02a_mechanism"), _record(staged, "01a_landscape")
+    rec, land = record(staged, "02a_mechanism"), record(staged, "01a_landscape")
     assert len(rec["heads"]) == len(rec["models"]) * CI_PARAMETERS["02a_mechanism"]["heads_per_model"]
     for h in rec["heads"]:
         pair = next(p for p in land["pairs"] if p["model"] == h["model"] and p["task"] == h["task"])
@@ -124,24 +84,16 @@ def test_findings_page_states_every_verdict(staged):
     """The findings page repeats each verdict sentence of chapters 1a and 2, read from their records."""
     prose = _markdown_outputs(staged, "04_findings")
     for name in ("01a_landscape", "02_joint_search"):
-        for v in _record(staged, name)["verdict"]:
+        for v in record(staged, name)["verdict"]:
             assert f"**{v['model']} / {v['task']}**: {v['verdict']}." in prose
-    t = _record(staged, "03_theory")
+    t = record(staged, "03_theory")
     assert f"escape slope {t['early_check'][0]['predicted']:.1f} predicted" in prose
-
-
-def _mcnemar(f, b):
-    from scipy.stats import binomtest
-
-    return 1.0 if f + b == 0 else binomtest(f, f + b, 0.5).pvalue
 
 
 def _check_confirm(rows, fdr):
     """q-values and the confirmed flag recomputed from fixes and breaks (scipy's exact binomial test and BH)."""
-    from scipy.stats import false_discovery_control
-
     assert rows, "nothing was re-tested"
-    q = false_discovery_control([_mcnemar(c["fixes"], c["breaks"]) for c in rows])
+    q = bh_q([mcnemar_p(c["fixes"], c["breaks"]) for c in rows])
     for c, qi in zip(rows, q):
         assert c["q_value"] == pytest.approx(qi, rel=1e-9, abs=1e-12)
         assert c["confirmed"] == bool(qi < fdr and c["fixes"] > c["breaks"])
@@ -149,19 +101,14 @@ def _check_confirm(rows, fdr):
 
 def _check_holm(rows):
     """Holm-adjusted p-values recomputed by hand from the exact tests; holds = adjusted p < 0.05 and a gain."""
-    p = [_mcnemar(h["fixes"], h["breaks"]) for h in rows]
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    adj, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adj[i] = running
+    adj = holm_p([mcnemar_p(h["fixes"], h["breaks"]) for h in rows])
     for h, a in zip(rows, adj):
         assert h["p_holm"] == pytest.approx(a, rel=1e-9, abs=1e-12)
         assert h["holds"] == bool(a < 0.05 and h["fixes"] > h["breaks"])
 
 
 def test_chapter1_records(staged):
-    r = _record(staged, "01_screening")
+    r = record(staged, "01_screening")
     assert r["n_heads_screened"] == 270 and r["n_search"] == 8 and r["n_confirm"] == 10 and r["n_heldout"] == 8
     assert len(r["top_heads"]) == 3 and [c["head"] for c in r["confirm"]] == [t["head"] for t in r["top_heads"]]
     _check_confirm(r["confirm"], r["fdr"])
@@ -192,7 +139,7 @@ def _markdown_outputs(staged, name) -> str:
 
 
 def test_landscape_records(staged):
-    r = _record(staged, "01a_landscape")
+    r = record(staged, "01a_landscape")
     assert {(p["model"], p["task"]) for p in r["pairs"]} == {("smollm2-135m", "addition"),
                                                              ("smollm2-135m", "sentiment"), ("gemma3-270m", "agreement_rc")}
     verdicts = {(v["model"], v["task"]): v for v in r["verdict"]}
@@ -237,7 +184,7 @@ def test_landscape_records(staged):
 
 
 def test_joint_search_records(staged):
-    r = _record(staged, "02_joint_search")
+    r = record(staged, "02_joint_search")
     assert [p["task"] for p in r["pairs"]] == ["addition", "agreement_rc"]
     prose = _markdown_outputs(staged, "02_joint_search")
     for p, v in zip(r["pairs"], r["verdict"]):
@@ -264,7 +211,7 @@ def test_joint_search_records(staged):
 
 
 def test_screening_at_scale_records(staged):
-    r = _record(staged, "01b_screening_at_scale")
+    r = record(staged, "01b_screening_at_scale")
     (sp,) = r["speed"]
     assert sp["accuracy identical"] and sp["max margin diff"] < 1e-4
     # speed itself is a benchmark's business (benchmarks/bench_screen.py prints the ratio), not a test's
@@ -280,7 +227,7 @@ def test_screening_at_scale_records(staged):
 
 
 def test_chapter3_records(staged):
-    r = _record(staged, "03_theory")
+    r = record(staged, "03_theory")
     assert r["L_star"] == pytest.approx(0.758, abs=1e-3)
     assert r["W_star_C"] == pytest.approx(-0.212, abs=1e-3)
     assert r["gap"] < 1e-6
@@ -308,156 +255,13 @@ def test_chapter3_records(staged):
     assert f"predicted slope {esc['predicted']:.1f}, fitted {esc['measured']:.1f}" in prose
     assert f"right in {round(car['measured'] * car['runs'])} of {car['runs']} runs" in prose
     # the bridge reads chapter 1a's screens: one row per model and ordered task pair
-    land = _record(staged, "01a_landscape")
+    land = record(staged, "01a_landscape")
     assert len(r["bridge"]) == sum(len(t) * (len(t) - 1) for t in CI_PARAMETERS["01a_landscape"]["tasks"].values())
     for b in r["bridge"]:
         pair = next(p for p in land["pairs"] if p["model"] == b["model"] and p["task"] == b["task_a"])
         d = dict(zip(pair["screened_heads"], pair["delta_margin"]))
         assert b["help_a"] == sum(v > 0 for v in d.values())
         assert b["confirmed"] == sum(d[h] > 0 for h in pair["confirmed"])
-
-
-class _Refs(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.refs = []
-
-    def handle_starttag(self, tag, attrs):
-        d = dict(attrs)
-        for key in ("src", "href", "data"):
-            if key in d and d[key] and tag in ("script", "link", "img", "iframe", "embed", "object", "source"):
-                self.refs.append((tag, d[key]))
-
-
-@pytest.fixture(scope="session")
-def built(staged):
-    root, _ = staged
-    return book.build(root)
-
-
-def test_book_builds_offline(built):
-    pages = [p for p in built.rglob("*.html") if "_static" not in p.parts]
-    assert len(pages) >= 5
-    for p in pages:
-        parser = _Refs()
-        parser.feed(p.read_text(encoding="utf-8"))
-        external = [r for r in parser.refs if re.match(r"^(https?:)?//", r[1])]
-        assert not external, f"{p.name} requests {external}"
-        text = p.read_text(encoding="utf-8")
-        assert "cdn.jsdelivr" not in text and "cdnjs" not in text
-        assert "unpkg.com" not in text and "THEBE_JS_URL" not in text   # not even an unused script reference
-    assert (built / "_static" / "vendor" / "plotly.min.js").exists()
-    assert (built / "_static" / "vendor" / "mathjax" / "tex-chtml.js").exists()
-
-
-@pytest.mark.parametrize("chapter,min_figs", [("01_screening", 4), ("01a_landscape", 6), ("01b_screening_at_scale", 1),
-                                              ("02_joint_search", 6), ("02a_mechanism", 4), ("03_theory", 4)])
-def test_figures_in_html(built, chapter, min_figs):
-    html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
-    assert html.count("Plotly.newPlot") >= min_figs
-    assert "vendor/plotly.min.js" in html
-
-
-def test_execution_status_page(built, staged):
-    import html as H
-
-    html = (built / "book" / "chapters" / "execution_status.html").read_text(encoding="utf-8")
-    for ch in book.expected_chapters():
-        assert ch in html and H.escape(book.title(book.NOTEBOOKS / f"{ch}.ipynb"), quote=False) in html
-    assert "commit" in html and "torch" in html and "reused" in html
-    guide = (built / "book" / "course_guide.html").read_text(encoding="utf-8")
-    _, status = staged
-    assert all(f"{s['seconds']:.0f} s" in guide or f"{s['seconds'] / 60:.1f} min" in guide for s in status)
-
-
-@pytest.mark.parametrize("chapter", book.expected_chapters())
-def test_pages_are_clean(built, chapter):
-    """Every plotly figure has a numbered caption; no progress bar, log or traceback in any output; every
-    widget view appears once."""
-    html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
-    n_figs = html.count('class="plotly-graph-div')
-    captions = re.findall(r'class="cel-caption"><strong>Figure ([0-9a-z]+)\.(\d+)\.</strong>', html)
-    assert len(captions) == n_figs
-    assert [int(n) for _, n in captions] == list(range(1, n_figs + 1))
-    for bad in ("it/s]", "s/it]", "Traceback (most recent call last)", "Converting and de-quantizing", "%|"):
-        assert bad not in html, bad
-    views = re.findall(r'"model_id": "([0-9a-f]+)"', html.split("application/vnd.jupyter.widget-state+json")[0])
-    assert len(views) == len(set(views))
-    # tables for people (cel_utils.tables): no raw DataFrame (snake_case headers, a 0..n index), no long decimals
-    assert '<table border="1" class="dataframe"' not in html, "a raw DataFrame is displayed"
-    assert html.count('class="cel-table"') >= (0 if chapter in ("04_findings", "05_closing") else 1)
-    cells = re.findall(r"<t[dh]>([^<]*)</t[dh]>", html)
-    assert not [c for c in cells if re.search(r"\d\.\d{5,}|\d\.\d{4,}e", c)], "a number with too many digits"
-    heads = re.findall(r"<th>([^<]*)</th>", html)
-    assert not [h for h in heads if re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", h.strip())], "a snake_case header"
-
-
-@needs_chromium
-@pytest.mark.parametrize("chapter", ["01_screening", "01a_landscape", "02_joint_search", "02a_mechanism", "03_theory",
-                                     "04_findings"])
-def test_figures_render_in_headless_chromium(built, chapter):
-    page = built / "book" / "chapters" / f"{chapter}.html"
-    with tempfile.TemporaryDirectory() as prof:
-        args = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
-                "--virtual-time-budget=15000", "--enable-logging=stderr", "--v=0"]
-        dom = subprocess.run(args + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180)
-        shot = built / f"screenshot_{chapter}.png"
-        subprocess.run(args + ["--window-size=1280,2400", f"--screenshot={shot}", page.as_uri()],
-                       capture_output=True, text=True, timeout=180)
-    n_divs = dom.stdout.count('class="plotly-graph-div')
-    n_rendered = dom.stdout.count('class="main-svg"')
-    assert n_divs >= (0 if chapter == "04_findings" else 4) and n_rendered >= n_divs, (n_divs, n_rendered)
-    assert "<mjx-merror" not in dom.stdout   # no maths that failed to parse (the tag; its CSS rule is always there)
-    if chapter in ("01_screening", "02_joint_search"):  # static head-toggle grid, via the local widget manager
-        assert "widget-toggle-button" in dom.stdout
-    missing = [l for l in dom.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l]
-    assert not missing, missing
-    assert shot.exists()
-
-
-_CLICK = """<script>
-(function () {
-  var out = [];
-  document.querySelectorAll(".cel-explorer").forEach(function (root) {
-    var before = root.querySelector(".ha").textContent;
-    var b = root.querySelectorAll("button[data-bit]");
-    b[0].click(); b[1].click();
-    out.push({mask: root.dataset.mask, before: before, sa: root.querySelector(".sa").textContent,
-              ha: root.querySelector(".ha").textContent, sad: root.querySelector(".sad").textContent,
-              set: root.querySelector(".cel-exp-set").textContent});
-  });
-  document.body.setAttribute("data-cel-probe", JSON.stringify(out));
-})();
-</script>"""
-
-
-@needs_chromium
-def test_subset_explorer_works_in_headless_chromium(built, staged):
-    """Click two heads in each kernel-free explorer; the page shows the precomputed figures of that subset."""
-    import html as H
-
-    page = built / "book" / "chapters" / "02_joint_search.html"
-    probe = page.with_name("_explorer_probe.html")
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _CLICK + "</body>"), encoding="utf-8")
-    with tempfile.TemporaryDirectory() as prof:
-        r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
-                            "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
-                           capture_output=True, text=True, timeout=180)
-    probe.unlink()
-    m = re.search(r'data-cel-probe="([^"]*)"', r.stdout)
-    assert m, "the probe script did not run"
-    shown = json.loads(H.unescape(m.group(1)))
-    pairs = _record(staged, "02_joint_search")["pairs"]
-    assert len(shown) == len(pairs)
-    for s, p in zip(shown, pairs):
-        ex = p["explorer"]
-        row, base = ex["subsets"]["3"], ex["subsets"]["0"]
-        assert s["mask"] == "3" and s["set"] == f"{ex['pool'][0]}, {ex['pool'][1]}"
-        assert float(s["before"]) == pytest.approx(base[1], abs=6e-4)
-        assert float(s["sa"]) == pytest.approx(row[0], abs=6e-4) and float(s["ha"]) == pytest.approx(row[1], abs=6e-4)
-        assert float(s["sad"]) == pytest.approx(row[0] - base[0], abs=1e-3)
 
 
 def test_wrong_parameter_type_is_a_clear_error(tmp_path):
@@ -471,12 +275,11 @@ def test_wrong_parameter_type_is_a_clear_error(tmp_path):
     assert not (tmp_path / "03_theory.record.json").exists()
 
 
-def test_joint_search_chapter_in_mean_mode(tmp_path):
+def test_joint_search_chapter_in_mean_mode(tiny_folder, tmp_path):
     """Chapter 2 with mode="mean" runs end to end (on a user's own model folder: a tiny Llama)."""
     import papermill as pm
-    from cel_utils.tiny import save_tiny
 
-    d = save_tiny(tmp_path / "model", "llama")
+    d = tiny_folder("llama")
     params = {"models": [d], "tasks": {d: ["agreement", "sentiment"]}, "cost_tasks": {d: ["agreement", "sentiment"]},
               "n_search": 6, "n_confirm": 6, "n_heldout": 6, "n_explore": 6, "n_cost": 6, "screen_heads": "all",
               "pool_size": 3, "max_size": 2, "random_sets": 3, "random_pools": 1, "fdr": 1.01, "mode": "mean",
@@ -487,79 +290,3 @@ def test_joint_search_chapter_in_mean_mode(tmp_path):
     assert [p["task"] for p in r["pairs"]] == ["agreement", "sentiment"]
     for p in r["pairs"]:
         assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [1, 2]
-
-
-PAGES = ["book/intro", "book/models_and_tasks", "book/course_guide", "book/glossary", "book/bibliography",
-         "book/chapters/execution_status"]
-
-# Each table's visible box: the nearest ancestor that scrolls sideways (overflow-x auto or scroll), else the table
-# itself; and the content column (the article). Measured after load and layout, at a laptop's window width.
-_TABLES = """<script>
-window.addEventListener("load", function () { setTimeout(function () {
-  var col = document.querySelector("article.bd-article") || document.querySelector("main");
-  var c = col.getBoundingClientRect(), out = [];
-  document.querySelectorAll("table").forEach(function (t) {
-    var box = t, e = t.parentElement;
-    while (e && e !== document.body) {
-      var o = getComputedStyle(e).overflowX;
-      if (o === "auto" || o === "scroll") { box = e; break; }
-      e = e.parentElement;
-    }
-    var r = box.getBoundingClientRect();
-    if (r.width === 0) return;   // in a closed dropdown
-    out.push({left: r.left, right: r.right, table_width: t.getBoundingClientRect().width, col_left: c.left,
-              col_right: c.right, text: t.textContent.replace(/\\s+/g, " ").slice(0, 80)});
-  });
-  document.body.setAttribute("data-cel-tables", JSON.stringify(out));
-}, 1500); });
-</script>"""
-
-
-def _table_boxes(page: Path) -> list[dict]:
-    """Every visible table of a built page, measured in headless Chromium at a 1280 px wide window."""
-    import html as H
-
-    probe = page.with_name(f"_tables_probe_{page.name}")
-    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", _TABLES + "</body>"), encoding="utf-8")
-    try:
-        with tempfile.TemporaryDirectory() as prof:
-            r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                                "--disable-component-update", "--disable-sync", "--no-first-run",
-                                f"--user-data-dir={prof}", "--window-size=1280,2400", "--virtual-time-budget=10000",
-                                "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
-    finally:
-        probe.unlink()
-    m = re.search(r'data-cel-tables="([^"]*)"', r.stdout)
-    assert m, "the table probe did not run"
-    return json.loads(H.unescape(m.group(1)))
-
-
-@needs_chromium
-@pytest.mark.parametrize("page", ["book/chapters/" + c for c in CI_PARAMETERS] + PAGES)
-def test_no_table_wider_than_the_content_column(built, page):
-    """A wide table scrolls inside its own box; no table spills over (or is cut at) the text column's edge."""
-    boxes = _table_boxes(built / f"{page}.html")
-    if page.split("/")[-1] in ("01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search",
-                               "03_theory", "models_and_tasks"):
-        assert boxes, "no table measured: the probe would pass vacuously"
-    wide = [b for b in boxes if b["right"] > b["col_right"] + 1 or b["left"] < b["col_left"] - 1]
-    assert not wide, wide
-
-
-@needs_chromium
-@pytest.mark.parametrize("page", PAGES + ["book/chapters/01b_screening_at_scale", "book/chapters/05_closing"])
-def test_every_page_loads_without_missing_resources(built, page):
-    """Pages without figures (the others are opened by test_figures_render_in_headless_chromium): no missing
-    resource and no maths that failed to parse."""
-    path = built / f"{page}.html"
-    assert path.exists()
-    with tempfile.TemporaryDirectory() as prof:
-        r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={prof}",
-                            "--virtual-time-budget=5000", "--enable-logging=stderr", "--v=0", "--dump-dom",
-                            path.as_uri()], capture_output=True, text=True, timeout=120)
-    assert "<main" in r.stdout or "bd-main" in r.stdout
-    bad = [l for l in r.stderr.splitlines() if "ERR_FILE_NOT_FOUND" in l or "Failed to load resource" in l
-           or "ERR_NAME_NOT_RESOLVED" in l or "ERR_CONNECTION" in l]
-    assert not bad, bad
-    assert "<mjx-merror" not in r.stdout
