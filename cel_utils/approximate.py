@@ -52,7 +52,7 @@ class ApproxScreen:
 # ---------------------------------------------------------------------------------------------
 # Gradient attribution
 # ---------------------------------------------------------------------------------------------
-def _differentiable_margins(enc: EncodedTask, lp: torch.Tensor, gap: torch.Tensor, reads: np.ndarray,
+def differentiable_margins(enc: EncodedTask, lp: torch.Tensor, gap: torch.Tensor, reads: np.ndarray,
                             items: np.ndarray) -> torch.Tensor:
     """Per-item margins (torch, differentiable) for the reads of a batch; ``items`` are the batch's items."""
     dev = lp.device
@@ -104,6 +104,34 @@ def _scaling(lm, mask: torch.Tensor, ablation: Ablation) -> list:
     return [("z", l, scale(l)) for l in range(lm.n_layers)]
 
 
+def backprop_mean_margin(lm, enc: EncodedTask, points: list, max_tokens: int = GRADIENT_MAX_TOKENS,
+                         share_prefix: bool = True, progress: bool = False, desc: str = "gradient") -> float:
+    """One forward and one backward of the mean margin over the task's items with the hook ``points`` attached
+    (:func:`cel_utils.hooks.hooked`): the gradients land on the tensors the points' functions use (a mask, a
+    constant). Returns the mean margin. Items are batched whole (an item's margin needs all its choices) and a
+    prompt prefix shared by every item runs once per batch, with gradients, its keys/values reused."""
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    batches, seqs_of_item = _item_batches(enc, [len(x) - P for x in enc.inputs], max_tokens)
+    total = 0.0
+    base, dev = lm.model.base_model, lm.device
+    try:
+        with hooks.hooked(lm, points):
+            for items in tqdm(batches, desc=desc, disable=not progress_enabled(progress), leave=False):
+                b = read_batch(lm, enc, sorted({j for i in items for j in seqs_of_item[i]}), P)
+                att, kw = b.att, {"use_cache": False}  # use_cache: the KV cache of transformers
+                if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
+                    att, kw = prefix_kwargs(base, torch.tensor([prefix], device=dev), b.ids, att, len(b.ids))
+                hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
+                lp, gap = read_stats(logits_at(lm, hidden[b.rows, b.pos]), b.tok, enc.continues)
+                margins = differentiable_margins(enc, lp, gap, b.reads, np.asarray(items))
+                (margins.sum() / enc.n_items).backward()
+                total += float(margins.sum().detach())
+    finally:
+        lm.model.zero_grad(set_to_none=True)
+    return total / enc.n_items
+
+
 def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tokens: int = GRADIENT_MAX_TOKENS,
                     enc: EncodedTask | None = None, progress: bool = False, share_prefix: bool = True) -> ApproxScreen:
     """First-order estimate of every head's ablation effect on the mean margin (Michel et al. 2019).
@@ -116,32 +144,13 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
     mask = torch.ones(lm.n_layers, lm.n_heads, dtype=torch.float32, device=lm.device, requires_grad=True)
     t0 = time.perf_counter()
-    prefix = common_prefix(enc) if share_prefix else []
-    P = len(prefix)
-    batches, seqs_of_item = _item_batches(enc, [len(x) - P for x in enc.inputs], max_tokens)
-    total = 0.0
-    was_training = lm.model.training
-    base, dev = lm.model.base_model, lm.device
-    try:
-        with hooks.hooked(lm, _scaling(lm, mask, ablation)):
-            for items in tqdm(batches, desc="gradient screen", disable=not progress_enabled(progress), leave=False):
-                b = read_batch(lm, enc, sorted({j for i in items for j in seqs_of_item[i]}), P)
-                att, kw = b.att, {"use_cache": False}
-                if P:  # the shared few-shot prefix: run once (with gradients), reuse its keys/values
-                    att, kw = prefix_kwargs(base, torch.tensor([prefix], device=dev), b.ids, att, len(b.ids))
-                hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
-                lp, gap = read_stats(logits_at(lm, hidden[b.rows, b.pos]), b.tok, enc.continues)
-                margins = _differentiable_margins(enc, lp, gap, b.reads, np.asarray(items))
-                (margins.sum() / enc.n_items).backward()
-                total += float(margins.sum().detach())
-    finally:
-        lm.model.train(was_training)
-        lm.model.zero_grad(set_to_none=True)
+    base_margin = backprop_mean_margin(lm, enc, _scaling(lm, mask, ablation), max_tokens, share_prefix, progress,
+                                       desc="gradient screen")
     grad = mask.grad.detach().cpu().numpy()  # [n_layers, n_heads]
     heads = all_heads(lm)
     return ApproxScreen(heads=heads, estimate=np.array([-grad[l, h] for l, h in heads]), method="gradient",
                         seconds=time.perf_counter() - t0, forward_equivalents=GRADIENT_FORWARD_EQUIVALENTS,
-                        n_evaluations=1, meta={"baseline_mean_margin": total / enc.n_items})
+                        n_evaluations=1, meta={"baseline_mean_margin": base_margin})
 
 
 # ---------------------------------------------------------------------------------------------

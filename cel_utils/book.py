@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-CHAPTERS = ROOT / "book" / "chapters"
+CHAPTERS_DIR = ROOT / "book" / "chapters"
 VENDOR = ROOT / "book" / "assets" / "vendor"
 
 
@@ -94,7 +94,7 @@ def title(nb_path: Path) -> str:
     return Path(nb_path).stem
 
 
-def execute(out: Path = CHAPTERS, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
+def execute(out: Path = CHAPTERS_DIR, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
             kernel: str = "python3", solutions: bool = False) -> list[dict]:
     """Execute the chapters with papermill into ``out`` and write the execution-status page.
 
@@ -339,7 +339,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m cel_utils.book")
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("execute")
-    e.add_argument("--out", default=str(CHAPTERS))
+    e.add_argument("--out", default=str(CHAPTERS_DIR))
     e.add_argument("--only", nargs="*", default=None)
     b = sub.add_parser("build")
     b.add_argument("--no-strict", action="store_true")

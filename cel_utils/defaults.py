@@ -37,6 +37,12 @@ RANDOM_SETS = 100    # random head sets per size in the plain random-set control
 RANDOM_POOLS = 5     # random pools put through the whole joint pipeline (the selection-aware control)
 BEAM_WIDTH = 3
 
+# Is it a capability? (chapter 1c, cel robust)
+TEXT_TOKENS = 20000     # tokens of general English text on which the change in NLL per token is measured
+COLLATERAL_NLL = 0.05   # a change in NLL per token above this (nats) counts as costly
+ROBUST_ITEMS = 200      # held-out items per check
+CONSTANT_STEPS = 5      # gradient rounds of the best-constant ablation (fit on the search split)
+
 # Chapter 3's toy model: a change in task A's population loss smaller than this (in magnitude) is "no effect"
 THEORY_EFFECT = 0.01
 

@@ -222,6 +222,30 @@ def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     return lm
 
 
+def cast(lm: LoadedModel, dtype: str) -> LoadedModel:
+    """A copy of ``lm`` with its weights in ``dtype`` (e.g. ``"bfloat16"``: about 3x faster matrix products on a
+    CPU with ``avx512_bf16``, a ranker rather than a reporter), memoised per process; ``lm`` itself is unchanged.
+    Results cached for it are keyed by its dtype, so they never mix with the float32 ones.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> str(next(cast(tiny_model("llama"), "bfloat16").model.parameters()).dtype)
+        'torch.bfloat16'
+    """
+    import copy
+
+    torch_dtype = _parse_dtype(dtype)
+    if next(lm.model.parameters()).dtype == torch_dtype:
+        return lm
+    key = ("cast", id(lm.model), str(torch_dtype))
+    if key not in _CACHE:
+        model = copy.deepcopy(lm.model).to(torch_dtype).eval()
+        _CACHE[key] = LoadedModel(name=lm.name, model=model, tokenizer=lm.tokenizer, family=lm.family,
+                                  n_layers=lm.n_layers, n_heads=lm.n_heads, n_kv_heads=lm.n_kv_heads,
+                                  head_dim=lm.head_dim, load_hash=lm.weights_hash, source=lm.source)
+    return _CACHE[key]
+
+
 @contextlib.contextmanager
 def _no_gguf_progress_bar():
     """transformers draws its own tqdm bar while de-quantizing a GGUF file (not covered by

@@ -230,7 +230,8 @@ def gen_addition(rng: random.Random):
         if len(rest) == 1000:
             break
     prefix = "".join(f"{a} + {b} = {a + b}\n" for a, b in demos)
-    return [{"prompt": prefix + f"{a} + {b} = ", "target": str(a + b), "key": unordered(a, b)} for a, b in rest]
+    return [{"prompt": prefix + f"{a} + {b} = ", "target": str(a + b), "key": unordered(a, b),
+             "fields": {"a": a, "b": b}} for a, b in rest]
 
 
 def gen_subtraction(rng: random.Random):
@@ -240,7 +241,8 @@ def gen_subtraction(rng: random.Random):
     rng.shuffle(pairs)
     demos, rest = pairs[:3], pairs[3:1003]
     prefix = "".join(f"{a} - {b} = {a - b}\n" for a, b in demos)
-    return [{"prompt": prefix + f"{a} - {b} = ", "target": str(a - b), "key": f"{a}-{b}"} for a, b in rest]
+    return [{"prompt": prefix + f"{a} - {b} = ", "target": str(a - b), "key": f"{a}-{b}", "fields": {"a": a, "b": b}}
+            for a, b in rest]
 
 
 def gen_comparison(rng: random.Random):
@@ -256,7 +258,7 @@ def gen_comparison(rng: random.Random):
             continue
         seen.add(unordered(a, b))
         pool.append(_mc(prefix + f"Which is larger, {a} or {b}?", [f" {a}", f" {b}"], int(b > a), key=unordered(a, b),
-                        label="second" if b > a else "first"))
+                        label="second" if b > a else "first", fields={"a": a, "b": b}))
         if len(pool) == 1000:
             break
     return pool
@@ -272,7 +274,8 @@ def gen_agreement(rng: random.Random):
                     attr = os_ if subj_pl else op  # attractor with the opposite number
                     prompt = f"The {subj} {prep} the {attr}"
                     pool.append(_mc(prompt, [" is", " are"], int(subj_pl), key=prompt,
-                                    label="plural" if subj_pl else "singular"))
+                                    label="plural" if subj_pl else "singular",
+                                    fields={"subject": subj, "prep": prep, "attractor": attr}))
     rng.shuffle(pool)
     return pool[:1000]
 
@@ -289,7 +292,8 @@ def gen_agreement_rc(rng: random.Random):
                     attr = s2 if subj_pl else p2
                     prompt = f"The {subj} that the {attr} {verb}"
                     pool.append(_mc(prompt, [" is", " are"], int(subj_pl), key=prompt,
-                                    label="plural" if subj_pl else "singular"))
+                                    label="plural" if subj_pl else "singular",
+                                    fields={"subject": subj, "attractor": attr, "verb": verb}))
     rng.shuffle(pool)
     return pool[:1000]
 
@@ -303,7 +307,8 @@ def gen_ioi(rng: random.Random):
         first = f"{a} and {b}" if order == "ABBA" else f"{b} and {a}"
         prompt = f"When {first} went to the {place}, {b} gave a {obj} to"
         choices, ans = _shuffle_choices(rng, " " + a, [" " + b])
-        pool.append(_mc(prompt, choices, ans, key=prompt, label=order))
+        pool.append(_mc(prompt, choices, ans, key=prompt, label=order,
+                        fields={"first": first, "place": place, "giver": b, "obj": obj}))
     return pool
 
 

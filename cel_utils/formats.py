@@ -1,0 +1,193 @@
+"""Meaning-preserving prompt formats: the same items asked another way (chapter 1c, ``cel robust``).
+
+A verdict speaks for one prompt format. :data:`FORMATS` holds, per built-in task, eight formats written here and
+fixed before any run: the task's own (``default``, first), other few-shot demonstrations, more or none, another
+separator or spacing, an instruction line. Each re-renders an item from its ``fields`` (the operands, the
+subject and attractor, ...), so every format asks the same questions with the same answers; only the wording
+around them changes. Heads are chosen on the default format only; the others test whether a gain transfers.
+
+Example:
+    >>> from cel_utils.tasks import load_task
+    >>> t = load_task("addition", "heldout", n=1)
+    >>> [f.name for f in FORMATS["addition"]][:3]
+    ['default', 'other demos (1)', 'other demos (2)']
+    >>> in_format(t, "no spaces").items[0]["prompt"].splitlines()[-1]
+    '87+76='
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable
+
+from .errors import CELError
+from .tasks import NOUNS_SG_PL, PREDICATES, Task
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    description: str
+    render: Callable[[dict], dict]   # an item (with ``fields``) -> the same item asked this way
+
+
+@lru_cache(maxsize=None)
+def _item_pairs(task_name: str) -> frozenset:
+    """The operand pairs (unordered) of every item of a built-in arithmetic task (seed 0, all splits): a format's
+    demonstrations avoid them, so no format shows an item's own answer."""
+    from .tasks import SPLITS, load_task
+
+    return frozenset(frozenset((it["fields"]["a"], it["fields"]["b"])) for s in SPLITS
+                     for it in load_task(task_name, s).items)
+
+
+def _demo_pairs(seed: str, k: int, ok=lambda a, b: True, avoid: frozenset = frozenset()) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    out = []
+    while len(out) < k:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        if ok(a, b) and (a, b) not in out and frozenset((a, b)) not in avoid:
+            out.append((a, b))
+    return out
+
+
+def _arith(op: str, k: int = 3, seed: str = "demos-1", line="{a} {op} {b} = {c}\n", ask="{a} {op} {b} = ",
+           head: str = "", sep: str | None = None):
+    """A format for two-operand arithmetic (``op`` is "+" or "-"): ``k`` demonstrations drawn with ``seed``."""
+    fn = (lambda a, b: a + b) if op == "+" else (lambda a, b: a - b)
+    ok = (lambda a, b: True) if op == "+" else (lambda a, b: a - b >= 10)
+
+    @lru_cache(maxsize=1)
+    def prefix():
+        demos = _demo_pairs(f"{op}:{seed}", k, ok, _item_pairs("addition" if op == "+" else "subtraction"))
+        lines = [line.format(a=a, b=b, c=fn(a, b), op=op) for a, b in demos]
+        return head + ("".join(lines) if sep is None else sep.join(x.rstrip("\n") for x in lines) + (sep if lines else ""))
+
+    def render(item):
+        f = item["fields"]
+        return {**item, "prompt": prefix() + ask.format(a=f["a"], b=f["b"], op=op)}
+    return render
+
+
+def _arith_formats(op: str, word: str) -> list[Format]:
+    return [
+        Format("default", "the task's own prompt", lambda it: it),
+        Format("other demos (1)", "three other demonstrations", _arith(op, seed="demos-1")),
+        Format("other demos (2)", "three more demonstrations", _arith(op, seed="demos-2")),
+        Format("five demos", "five demonstrations", _arith(op, k=5, seed="demos-5")),
+        Format("no demos", "zero-shot", _arith(op, k=0)),
+        Format("no spaces", "no spaces around the signs", _arith(op, seed="demos-1", line="{a}{op}{b}={c}\n",
+                                                                ask="{a}{op}{b}=")),
+        Format("instruction", f"an instruction line first ('{word.capitalize()} the two numbers.')",
+               _arith(op, seed="demos-1", head=f"{word.capitalize()} the two numbers.\n")),
+        Format("semicolons", "demonstrations on one line, separated by '; '", _arith(op, seed="demos-1", sep="; ")),
+    ]
+
+
+def _agreement_demos(seed: str, k: int, template: str) -> str:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(k):
+        (s, p), (s2, p2) = rng.sample(NOUNS_SG_PL, 2)
+        plural = rng.random() < 0.5
+        verb = rng.choice(["saw", "met", "liked"])
+        subj, attr = (p, s2) if plural else (s, p2)
+        out.append(template.format(subject=subj, attractor=attr, verb=verb, prep="near")
+                   + (" are " if plural else " is ") + rng.choice(PREDICATES) + ".\n")
+    return "".join(out)
+
+
+def _sentence(template: str, head: str = "", choices=None, lower: bool = False):
+    def render(item):
+        text = template.format(**item["fields"])
+        if lower:
+            text = text[0].lower() + text[1:]
+        return {**item, "prompt": head + text, **({"choices": list(choices)} if choices else {})}
+    return render
+
+
+def _agreement_formats(template: str) -> list[Format]:
+    return [
+        Format("default", "the task's own prompt", lambda it: it),
+        Format("instruction", "'Complete the sentence.' first", _sentence(template, "Complete the sentence.\n")),
+        Format("lower case", "the sentence starts in lower case", _sentence(template, lower=True)),
+        Format("label", "'Sentence: ' before it", _sentence(template, "Sentence: ")),
+        Format("past tense", "the choices ' was' / ' were'", _sentence(template, choices=(" was", " were"))),
+        Format("demos (1)", "three complete sentences first",
+               _sentence(template, _agreement_demos("agree-1", 3, template))),
+        Format("demos (2)", "three other complete sentences first",
+               _sentence(template, _agreement_demos("agree-2", 3, template))),
+        Format("new line", "a blank line before the sentence", _sentence(template, "\n")),
+    ]
+
+
+def _ioi(template: str, head: str = ""):
+    def render(item):
+        f = item["fields"]
+        return {**item, "prompt": head + template.format(**f)}
+    return render
+
+
+def _comparison(k: int, seed: str, line: str = "Which is larger, {a} or {b}? {c}\n",
+                ask: str = "Which is larger, {a} or {b}?", head: str = ""):
+    demos = _demo_pairs(f"cmp:{seed}", k, lambda a, b: a != b)
+    prefix = head + "".join(line.format(a=a, b=b, c=max(a, b)) for a, b in demos)
+
+    def render(item):
+        f = item["fields"]
+        return {**item, "prompt": prefix + ask.format(a=f["a"], b=f["b"])}
+    return render
+
+
+FORMATS: dict[str, list[Format]] = {
+    "addition": _arith_formats("+", "add"),
+    "subtraction": _arith_formats("-", "subtract"),
+    "agreement_rc": _agreement_formats("The {subject} that the {attractor} {verb}"),
+    "agreement": _agreement_formats("The {subject} {prep} the {attractor}"),
+    "ioi": [
+        Format("default", "the task's own prompt", lambda it: it),
+        Format("after", "'After' instead of 'When'", _ioi("After {first} went to the {place}, {giver} gave a {obj} to")),
+        Format("then", "two clauses joined by 'then'",
+               _ioi("{first} went to the {place}, then {giver} gave a {obj} to")),
+        Format("the object", "'the' instead of 'a'", _ioi("When {first} went to the {place}, {giver} gave the {obj} to")),
+        Format("handed", "'handed' instead of 'gave'",
+               _ioi("When {first} went to the {place}, {giver} handed a {obj} to")),
+        Format("instruction", "'Complete the sentence.' first",
+               _ioi("When {first} went to the {place}, {giver} gave a {obj} to", "Complete the sentence.\n")),
+        Format("label", "'Story: ' before it", _ioi("When {first} went to the {place}, {giver} gave a {obj} to",
+                                                    "Story: ")),
+        Format("new line", "a blank line before the sentence",
+               _ioi("When {first} went to the {place}, {giver} gave a {obj} to", "\n")),
+    ],
+    "comparison": [
+        Format("default", "the task's own prompt", lambda it: it),
+        Format("other demos (1)", "three other demonstrations", _comparison(3, "demos-1")),
+        Format("other demos (2)", "three more demonstrations", _comparison(3, "demos-2")),
+        Format("five demos", "five demonstrations", _comparison(5, "demos-5")),
+        Format("no demos", "zero-shot", _comparison(0, "none")),
+        Format("bigger", "'Which number is bigger: a or b?'",
+               _comparison(3, "demos-1", "Which number is bigger: {a} or {b}? {c}\n", "Which number is bigger: {a} or {b}?")),
+        Format("instruction", "an instruction line first",
+               _comparison(3, "demos-1", head="Answer with the larger number.\n")),
+        Format("answer label", "'Answer:' before each answer",
+               _comparison(3, "demos-1", "Which is larger, {a} or {b}? Answer: {c}\n",
+                           "Which is larger, {a} or {b}? Answer:")),
+    ],
+}
+
+
+def formats_of(task_name: str) -> list[Format]:
+    """The formats of a built-in task (a :class:`CELError` for a task without them)."""
+    if task_name not in FORMATS:
+        raise CELError(f"task {task_name!r} has no prompt formats; formats exist for {', '.join(FORMATS)}")
+    return FORMATS[task_name]
+
+
+def in_format(task: Task, name: str) -> Task:
+    """``task`` with every item asked in format ``name`` (same items, same answers, same order)."""
+    fmt = next((f for f in formats_of(task.name) if f.name == name), None)
+    if fmt is None:
+        raise CELError(f"task {task.name!r} has no format {name!r}")
+    return replace(task, items=[fmt.render(it) for it in task.items])

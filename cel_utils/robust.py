@@ -1,0 +1,569 @@
+"""Is it a capability? The battery a skeptical reviewer runs on a head set whose removal helps (chapter 1c,
+``cel robust``).
+
+A verdict speaks for one prompt format, one way of scoring (teacher forcing) and one ablation (zero). The
+battery asks each in turn, on items that took no part in choosing the heads:
+
+* :func:`format_changes`, :func:`transfer`: the change in every meaning-preserving prompt format of
+  :mod:`cel_utils.formats`; the gain *transfers* when it is positive in at least 7 of 8 formats (exact sign test)
+  and the pooled change's CI is above zero;
+* :func:`generation`: free greedy decoding with the heads removed (exact-match tasks): the answer is the
+  generated text up to the task's stop; for addition the fixes split into *content* and *termination*;
+* :func:`ablation_types`: zero, mean (means from the search split), resample (the head's output on another item
+  of the same length) and the best constant (fit on the search split);
+* :func:`label_shift`: per-class change in margin, and whether a constant label offset (fit on the confirm
+  split's baseline) reproduces the gain;
+* :func:`text_nll`, :func:`other_tasks`: the cost on general English text and on the model's other tasks;
+* :func:`label`: one word for what the checks show: ``capability``, ``offset``, ``label shift``,
+  ``format-specific``, ``teacher-forcing only`` or ``costly``.
+
+Example:
+    >>> from cel_utils.robust import battery              # doctest: +SKIP
+    >>> b = battery(lm, "addition", [(13, 0)])             # doctest: +SKIP
+    >>> b.label, b.record()["sign_test"]                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from . import hooks
+from .ablation import Ablation, Head, compute_head_means, format_set, head_name
+from .approximate import backprop_mean_margin
+from .compare import compare_sets
+from .defaults import ALPHA, COLLATERAL_NLL, N_BOOT, TEXT_TOKENS
+from .effects import class_effects, item_labels
+from .engine import evaluate
+from .errors import CELError
+from .formats import formats_of, in_format
+from .scoring import encode_task, plain_evaluate, split_prompt
+from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
+from .tasks import Task, load_task
+
+# the control task of each task: the same answer format, another computation (specificity)
+CONTROL_TASKS = {"addition": "subtraction", "subtraction": "addition", "agreement_rc": "agreement",
+                 "agreement": "agreement_rc", "comparison": "addition", "ioi": "agreement"}
+LABELS = ("capability", "offset", "label shift", "format-specific", "teacher-forcing only", "costly")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Formats
+# ------------------------------------------------------------------------------------------------------------
+def format_changes(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_BOOT, seed: int = 0
+                   ) -> tuple[pd.DataFrame, dict]:
+    """Every format of ``task``'s :data:`~cel_utils.formats.FORMATS` (the default first): per named head set its
+    baseline accuracy, change and paired-bootstrap CI (``format``, ``set``, ``n``, ``baseline``, ``delta``,
+    ``ci_low``, ``ci_high``), and the per-item changes ``{set: [formats, items]}`` behind them."""
+    rows, per_item = [], {k: [] for k in sets}
+    for fmt in formats_of(task.name):
+        cmp = compare_sets(lm, in_format(task, fmt.name), sets, n_boot=n_boot, seed=seed)
+        base = cmp.baseline.correct[0].astype(float)
+        for j, name in enumerate(cmp.names):
+            r = cmp.table.iloc[j]
+            rows.append({"format": fmt.name, "set": name, "n": int(r.n_items), "baseline": float(r.baseline_accuracy),
+                         "delta": float(r.delta_accuracy), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)})
+            per_item[name].append(cmp.results.correct[j].astype(float) - base)
+    return pd.DataFrame(rows), {k: np.array(v) for k, v in per_item.items()}
+
+
+def transfer(deltas: Sequence[float], per_item: np.ndarray, need: int | None = None, n_boot: int = N_BOOT,
+             seed: int = 0, alpha: float = ALPHA) -> dict:
+    """Does a gain transfer across formats? ``deltas`` (one change per format) and ``per_item [formats, items]``.
+    The exact sign test (``scipy.stats.binomtest``, one-sided: more positive formats than chance), the pooled
+    change (each item's change averaged over formats) with a percentile bootstrap CI over items
+    (``scipy.stats.bootstrap``), and ``transfers``: positive in at least ``need`` formats (all but one by
+    default) and the pooled CI above zero.
+
+    Example:
+        >>> t = transfer([0.1] * 7 + [0.0], np.tile([1.0, 0.0, 0.0, 1.0], (8, 25)))
+        >>> t["positive"], t["total"], round(t["p_value"], 4), t["transfers"]
+        (7, 8, 0.0352, True)
+    """
+    from scipy.stats import binomtest, bootstrap
+
+    d = np.asarray(deltas, float)
+    k, n = int((d > 0).sum()), len(d)
+    need = n - 1 if need is None else need
+    pooled = np.asarray(per_item, float).mean(axis=0)  # [items]
+    point = float(pooled.mean())
+    lo = hi = point
+    if np.ptp(pooled) > 0:
+        ci = bootstrap((pooled,), np.mean, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
+                       random_state=np.random.default_rng(seed)).confidence_interval
+        lo, hi = float(ci.low), float(ci.high)
+    return {"positive": k, "total": n, "p_value": float(binomtest(k, n, 0.5, alternative="greater").pvalue),
+            "pooled_delta": point, "pooled_ci_low": lo, "pooled_ci_high": hi, "need": need,
+            "transfers": bool(k >= need and lo > 0)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Free generation
+# ------------------------------------------------------------------------------------------------------------
+ANSWER = re.compile(r"[A-Za-z0-9]+(?: [A-Za-z0-9]+)*")
+
+
+def answer_of(text: str) -> str:
+    """The answer in a generated text: after leading whitespace, the longest run of words and numbers (single
+    spaces inside, for answers like "Buenos Aires"); it ends where the task's stop is (a newline, a sign).
+
+    Example:
+        >>> answer_of(" 79\\n12 + 4"), answer_of(" 790"), answer_of(" Buenos Aires.")
+        ('79', '790', 'Buenos Aires')
+    """
+    m = ANSWER.match(text.lstrip())
+    return m.group(0) if m else ""
+
+
+@torch.no_grad()
+def greedy(lm, prompts: Sequence[str], max_new: int, heads: Sequence[Head] = (), batch_size: int = 16) -> list[str]:
+    """Greedy continuations of ``prompts`` (``max_new`` tokens each) with ``heads`` removed (zero), decoded.
+    Batched with left padding and the model's KV cache (``generate``)."""
+    from .ablation import ablate_heads
+
+    tok = lm.tokenizer
+    out = []
+    with ablate_heads(lm, list(heads)):
+        for b in range(0, len(prompts), batch_size):
+            ids = [tok(p)["input_ids"] for p in prompts[b:b + batch_size]]
+            T = max(len(x) for x in ids)
+            pad = hooks.pad_id(lm)
+            inp = torch.tensor([[pad] * (T - len(x)) + x for x in ids], device=lm.device)
+            att = torch.tensor([[0] * (T - len(x)) + [1] * len(x) for x in ids], device=lm.device)
+            gen = lm.model.generate(input_ids=inp, attention_mask=att, max_new_tokens=max_new, do_sample=False,
+                                    pad_token_id=pad, eos_token_id=None, top_p=None, top_k=None, temperature=None)
+            out += tok.batch_decode(gen[:, T:], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    return out
+
+
+def generation(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Free greedy generation on an exact-match task, unablated and with each named set removed: accuracy (the
+    answer, :func:`answer_of`, equals the target), the change with a paired-bootstrap CI and exact McNemar p,
+    the per-item agreement with the teacher-forced score, and the texts. ``{}`` for a multiple-choice task."""
+    if task.kind != "em":
+        return {}
+    ctx = [split_prompt(it["prompt"], it["target"])[0] for it in task.items]
+    targets = [it["target"].strip() for it in task.items]
+    max_new = max(len(lm.tokenizer(" " + t, add_special_tokens=False)["input_ids"]) for t in targets) + 2
+    texts = {name: greedy(lm, ctx, max_new, heads) for name, heads in {"": [], **sets}.items()}
+    right = {k: np.array([answer_of(t) == y for t, y in zip(v, targets)]) for k, v in texts.items()}
+    enc = encode_task(lm, task)
+    tf = {k: evaluate(lm, enc, list(h)).correct[0] for k, h in {"": [], **sets}.items()}
+    out = {"baseline_accuracy": float(right[""].mean()),
+           "teacher_forced_baseline": float(tf[""].mean()), "sets": {}}
+    for name in sets:
+        f, b = fixes_breaks(right[""], right[name][None])
+        bs = paired_bootstrap(right[""].astype(float), right[name].astype(float), n_boot=n_boot, seed=seed)
+        out["sets"][name] = {
+            "ablated_accuracy": float(right[name].mean()), "delta": bs["delta"], "ci_low": bs["ci_low"],
+            "ci_high": bs["ci_high"], "fixes": int(f[0]), "breaks": int(b[0]), "p_value": float(mcnemar_exact(f, b)[0]),
+            "agreement_with_teacher_forced": float(np.mean(right[name] == tf[name])),
+            "teacher_forced_delta": float(tf[name].mean() - tf[""].mean()),
+            "fixes_by_kind": fixes_by_kind(texts[""], texts[name], targets) if task.name == "addition" else None,
+            "items": [{"prompt": p.splitlines()[-1] if p.strip() else p, "target": y, "baseline_text": t0,
+                       "ablated_text": t1} for p, y, t0, t1 in zip(ctx, targets, texts[""], texts[name])]}
+    out["agreement_with_teacher_forced"] = float(np.mean(right[""] == tf[""]))
+    return out
+
+
+def fixes_by_kind(before: Sequence[str], after: Sequence[str], targets: Sequence[str]) -> dict:
+    """Addition's fixes (wrong -> right in free generation) by kind: ``termination`` when the digits written
+    before were already the target's (the number ran on or stopped early), ``content`` otherwise.
+
+    Example:
+        >>> fixes_by_kind([" 790", " 78", " 7\\n"], [" 79", " 79", " 79"], ["79", "79", "79"])
+        {'content': 1, 'termination': 2}
+    """
+    out = {"content": 0, "termination": 0}
+    for t0, t1, y in zip(before, after, targets):
+        a0, a1 = answer_of(t0), answer_of(t1)
+        if a0 == y or a1 != y:
+            continue
+        out["termination" if (a0.startswith(y) or (a0 and y.startswith(a0))) else "content"] += 1
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Ablation types
+# ------------------------------------------------------------------------------------------------------------
+def donors(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
+    """For each sequence another sequence of the same length (a derangement within each length; a sequence with
+    no partner of its length is its own donor, marked by the caller): ``[n]`` indices.
+
+    Example:
+        >>> d = donors([5, 5, 5, 7, 9, 9], seed=0)
+        >>> bool(all(d[i] != i for i in (0, 1, 2, 4, 5))), int(d[3])
+        (True, 3)
+    """
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
+    out = np.arange(len(lengths))
+    for L in np.unique(lengths):
+        idx = np.flatnonzero(lengths == L)
+        if len(idx) > 1:
+            perm = rng.permutation(idx)
+            out[perm] = np.roll(perm, 1)  # a cycle through the shuffled group: nobody is its own donor
+    return out
+
+
+@torch.no_grad()
+def resample_evaluate(lm, enc, heads: Sequence[Head], means: torch.Tensor, seed: int = 0, batch_size: int = 16):
+    """Resample ablation: each (item, choice) sequence run with ``heads``' outputs (at every position) replaced by
+    their outputs on another item's sequence of the same length (:func:`donors`); a sequence without a partner
+    of its length gets the heads' means. Plain full forwards (:func:`cel_utils.scoring.plain_evaluate`)."""
+    seqs = [w for _, _, w, _ in enc.full]
+    donor = donors([len(w) for w in seqs], seed)
+    layers = sorted({l for l, _ in heads})
+    stored: dict[int, dict[int, torch.Tensor]] = {l: {} for l in layers}  # layer -> sequence -> [pos, head, d]
+
+    def keep(l, start):
+        def fn(z):  # [batch, pos, head, d_head]
+            for r in range(z.shape[0]):
+                stored[l][start + r] = z[r, :len(seqs[start + r])].detach().clone()
+        return fn
+
+    for b, ids, att in hooks.padded_batches(lm, seqs, batch_size):  # the donors' clean pass
+        with hooks.hooked(lm, [("z", l, keep(l, b)) for l in layers]):
+            lm.model(input_ids=ids, attention_mask=att, use_cache=False)
+
+    def patch(start, n):
+        def fn_for(l):
+            hs = [h for ll, h in heads if ll == l]
+
+            def fn(z):
+                z = z.clone()
+                for r in range(n):
+                    i, d = start + r, int(donor[start + r])
+                    T = len(seqs[i])
+                    z[r, :T, hs] = (stored[l][d][:T, hs] if d != i else
+                                    means[l, hs].to(z.dtype)[None].expand(T, -1, -1))
+                return z
+            return fn
+        return [("z", l, fn_for(l)) for l in layers]
+
+    return plain_evaluate(lm, enc, batch_size=batch_size, batch_hooks=patch)
+
+
+def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """The constant outputs of ``heads`` that raise the mean margin on the search items most (``[n_layers,
+    n_heads, d_head]``, the other heads' rows are their means): from the means, ``steps`` rounds of a gradient step
+    (:func:`cel_utils.approximate.backprop_mean_margin`) with a line search over four step sizes, each candidate
+    scored exactly by the engine. Fit on the search split only."""
+    C = means.clone()
+    enc = search_enc
+    score = lambda c: float(evaluate(lm, enc, list(heads), mode=Ablation("mean", c)).mean_margin[0])  # noqa: E731
+    best = score(C)
+    unit = float(np.mean([C[l, h].norm() for l, h in heads])) or 1.0
+    for _ in range(steps):
+        params = {(l, h): C[l, h].clone().requires_grad_(True) for l, h in heads}
+
+        def fn_for(l):
+            def fn(z):
+                z = z.clone()
+                for (ll, h), p in params.items():
+                    if ll == l:
+                        z[:, :, h] = p.to(z.dtype)
+                return z
+            return fn
+
+        backprop_mean_margin(lm, enc, [("z", l, fn_for(l)) for l in sorted({l for l, _ in heads})])
+        g = torch.stack([params[k].grad for k in heads])  # [k, d_head]
+        if not torch.isfinite(g).all() or float(g.norm()) == 0:
+            break
+        direction = g / g.norm()
+        tried = []
+        for t in (0.25, 0.5, 1.0, 2.0):
+            cand = C.clone()
+            for j, (l, h) in enumerate(heads):
+                cand[l, h] = C[l, h] + t * unit * direction[j]
+            tried.append((score(cand), cand))
+        s, cand = max(tried, key=lambda x: x[0])
+        if s <= best:
+            break
+        best, C = s, cand
+    return C
+
+
+def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: int = N_BOOT, seed: int = 0,
+                   constant_steps: int = 5) -> dict:
+    """The held-out change in accuracy when ``heads`` are removed four ways, each with a paired-bootstrap CI:
+    ``zero``, ``mean`` (means over the search prompts), ``resample`` (another item's output) and ``constant``
+    (the best constant, fit on the search split; ``constant_steps=0`` skips it)."""
+    enc, search_enc = encode_task(lm, task), encode_task(lm, search)
+    means = compute_head_means(lm, search_enc.inputs)
+    base = evaluate(lm, enc)
+    results = {"zero": evaluate(lm, enc, list(heads)),
+               "mean": evaluate(lm, enc, list(heads), mode=Ablation("mean", means)),
+               "resample": resample_evaluate(lm, enc, heads, means, seed=seed)}
+    if constant_steps > 0:
+        results["constant"] = evaluate(lm, enc, list(heads), mode=Ablation("mean", best_constant(
+            lm, search_enc, heads, means, constant_steps)))
+    out = {}
+    for k, r in results.items():
+        bs = paired_bootstrap(base.correct[0].astype(float), r.correct[0].astype(float), n_boot=n_boot, seed=seed)
+        out[k] = {"delta": bs["delta"], "ci_low": bs["ci_low"], "ci_high": bs["ci_high"],
+                  "delta_margin": float(r.mean_margin[0] - base.mean_margin[0])}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Label shift
+# ------------------------------------------------------------------------------------------------------------
+def label_offset(margins: np.ndarray, signs: np.ndarray) -> float:
+    """The constant label offset ``d`` that maximises accuracy when every item's margin becomes ``m + d * s``
+    (``s`` = +1 for one class, -1 for the other): a pure shift of the model's preference between the two labels.
+
+    Example:
+        >>> label_offset(np.array([-1.0, 2.0, 0.5, -0.2]), np.array([1, 1, -1, -1]))   # fixes the last, costs none
+        -1.1
+    """
+    m, s = np.asarray(margins, float), np.asarray(signs, float)
+    cut = np.unique(-m * s)  # the offsets at which an item flips
+    cand = np.concatenate([[0.0], (cut[:-1] + cut[1:]) / 2, cut[[0, -1]] + [-1.0, 1.0]])
+    acc = ((m[None] + cand[:, None] * s[None]) > 0).mean(axis=1)
+    best = acc.max()
+    return float(cand[np.flatnonzero(acc == best)[np.argmin(np.abs(cand[acc == best]))]])
+
+
+def label_shift(heldout: Task, confirm: Task, base_h, abl_h, base_c, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Is a gain a shift toward one label? On held-out items (two-class tasks): the change in mean margin per
+    class with a CI, the class analysis of :func:`cel_utils.effects.class_effects`, and whether the best constant
+    label offset, fit on the *confirm* split's unablated margins, reproduces the held-out gain. ``{}`` when the
+    task has no two classes."""
+    labels = item_labels(heldout)
+    if labels is None or len(set(labels)) != 2:
+        return {}
+    classes = sorted(set(labels))
+    lab_h, lab_c = np.asarray(labels), np.asarray(item_labels(confirm))
+    per_class = []
+    for c in classes:
+        m = lab_h == c
+        bs = paired_bootstrap(base_h.margin[0][m], abl_h.margin[0][m], n_boot=n_boot, seed=seed)
+        per_class.append({"class": c, "n": int(m.sum()), "delta_margin": bs["delta"], "ci_low": bs["ci_low"],
+                          "ci_high": bs["ci_high"]})
+    d = label_offset(base_c.margin[0], np.where(lab_c == classes[0], 1, -1))
+    shifted = base_h.margin[0] + d * np.where(lab_h == classes[0], 1, -1)
+    eff = class_effects(labels, base_h.correct[0], abl_h.correct[0], n_boot=n_boot, seed=seed)
+    gain = float(abl_h.accuracy[0] - base_h.accuracy[0])
+    offset_gain = float((shifted > 0).mean() - base_h.accuracy[0])
+    return {"per_class": per_class, "kind": eff["kind"], "offset": d, "offset_gain": offset_gain, "gain": gain,
+            "opposite_signs": bool((per_class[0]["ci_high"] < 0 < per_class[1]["ci_low"])
+                                   or (per_class[1]["ci_high"] < 0 < per_class[0]["ci_low"])),
+            "offset_reproduces": bool(gain > 0 and offset_gain >= gain / 2)}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Collateral
+# ------------------------------------------------------------------------------------------------------------
+def english_text() -> tuple[str, str]:
+    """General English prose available offline: the explanatory paragraphs of the Python reference
+    documentation shipped with CPython (``pydoc_data.topics``), without its indented code and grammar lines
+    (so the text is prose, not code). Returns (text, a description of the source)."""
+    import pydoc_data.topics as topics
+
+    keep = []
+    for name in sorted(topics.topics):
+        for para in topics.topics[name].split("\n\n"):
+            lines = para.splitlines()
+            if lines and not any(l.startswith((" ", "\t", "*", "=", "-")) or "::=" in l or ">>>" in l for l in lines):
+                text = " ".join(l.strip() for l in lines)
+                if len(text.split()) >= 12 and text[-1:] in ".:)":
+                    keep.append(text)
+    return "\n\n".join(keep), "explanatory paragraphs of the Python reference documentation (pydoc_data.topics)"
+
+
+@torch.no_grad()
+def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
+             n_boot: int = N_BOOT, seed: int = 0) -> dict:
+    """Next-token NLL per token (nats) on the first ``n_tokens`` tokens of :func:`english_text`, in chunks of
+    ``chunk`` tokens: unablated, and the change with each named set removed, with a bootstrap CI over chunks."""
+    from .ablation import ablate_heads
+
+    text, source = english_text()
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens + 1]
+    chunks = [ids[i:i + chunk] for i in range(0, len(ids) - 1, chunk)]
+    chunks = [c for c in chunks if len(c) > 1]
+
+    def per_chunk(heads):
+        out = []
+        with ablate_heads(lm, list(heads)):
+            for b, x, att in hooks.padded_batches(lm, chunks, batch_size):
+                logp = torch.log_softmax(lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float(), -1)
+                nll = -logp[:, :-1].gather(-1, x[:, 1:, None])[..., 0] * att[:, 1:]  # [batch, pos]
+                out += [(float(nll[r].sum()), int(att[r, 1:].sum())) for r in range(len(x))]
+        return np.array(out)  # [chunks, (sum, count)]
+
+    base = per_chunk([])
+    tokens = int(base[:, 1].sum())
+    out = {"source": source, "text_tokens": tokens, "baseline_nll": float(base[:, 0].sum() / tokens), "sets": {}}
+    for name, heads in sets.items():
+        abl = per_chunk(heads)
+        d = (abl[:, 0] - base[:, 0]) / base[:, 1]  # per-chunk change in NLL per token
+        bs = paired_bootstrap(np.zeros(len(d)), d, n_boot=n_boot, seed=seed)
+        out["sets"][name] = {"text_nll_delta": float((abl[:, 0].sum() - base[:, 0].sum()) / tokens),
+                             "ci_low": bs["ci_low"], "ci_high": bs["ci_high"]}
+    return out
+
+
+def other_tasks(lm, sets: dict[str, Sequence[Head]], tasks: Sequence[str], n: int = 100, seed: int = 0,
+                n_boot: int = N_BOOT) -> pd.DataFrame:
+    """Each named set removed while the model does other tasks (their held-out items): change in accuracy with a
+    paired-bootstrap CI, exact McNemar p and Holm over the tasks (per set): ``set``, ``task``, ``delta``,
+    ``ci_low``, ``ci_high``, ``p_value``, ``p_holm``, ``hurts`` (a significant loss)."""
+    rows = []
+    for t in tasks:
+        cmp = compare_sets(lm, load_task(t, "heldout", n=n, seed=seed, clip=True), sets, n_boot=n_boot, seed=seed)
+        f, b = fixes_breaks(cmp.baseline.correct[0], cmp.results.correct)
+        for j, name in enumerate(cmp.names):
+            r = cmp.table.iloc[j]
+            rows.append({"set": name, "task": t, "delta": float(r.delta_accuracy), "ci_low": float(r.ci_low),
+                         "ci_high": float(r.ci_high), "p_value": float(mcnemar_exact(f[j], b[j])[0])})
+    tab = pd.DataFrame(rows, columns=["set", "task", "delta", "ci_low", "ci_high", "p_value"])
+    tab["p_holm"] = np.nan
+    for name, g in tab.groupby("set"):
+        tab.loc[g.index, "p_holm"] = holm(g["p_value"].to_numpy())
+    tab["hurts"] = (tab["p_holm"] < ALPHA) & (tab["delta"] < 0)
+    return tab
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The label, and the whole battery
+# ------------------------------------------------------------------------------------------------------------
+def label(checks: dict) -> str:
+    """One word for what the checks show (each ``None`` when it did not run), tested in this order:
+    ``offset`` (zero or mean ablation helps, resample does not: the head's removal changes a constant, not what it
+    reads), ``label shift`` (a constant label offset reproduces the gain, or one class's margins fall while the
+    other's rise), ``format-specific`` (does not transfer across formats), ``teacher-forcing only`` (no gain in
+    free generation), ``costly`` (the NLL on general text rises by more than ``COLLATERAL_NLL`` or another task
+    loses significantly), else ``capability``.
+
+    Example:
+        >>> label({"zero_helps": True, "resample_helps": False})
+        'offset'
+        >>> label({"zero_helps": True, "resample_helps": True, "transfers": True, "generation_helps": True})
+        'capability'
+    """
+    if checks.get("zero_helps") and checks.get("resample_helps") is False:
+        return "offset"
+    if checks.get("label_shift"):
+        return "label shift"
+    if checks.get("transfers") is False:
+        return "format-specific"
+    if checks.get("generation_helps") is False:
+        return "teacher-forcing only"
+    if checks.get("costly"):
+        return "costly"
+    return "capability"
+
+
+@dataclass(frozen=True)
+class RobustSettings:
+    """The parameters of :func:`battery` (defaults from :mod:`cel_utils.defaults`)."""
+
+    n: int = 200                 # held-out items per check
+    split: str = "heldout"
+    start: int = 0               # the first item of the split used (chapter 1c: items no earlier choice used)
+    n_search: int = 32           # search items: head means and the best constant
+    seed: int = 0
+    n_boot: int = N_BOOT
+    constant_steps: int = 5      # 0: the best-constant ablation is not fit
+    text_tokens: int = TEXT_TOKENS  # 0: no general-text NLL
+    other_tasks: tuple = ()      # tasks on which the cost is measured
+    n_other: int = 100
+    generate: bool = True        # free generation (exact-match tasks)
+
+
+@dataclass
+class Battery:
+    """The checks of one head set on one task (:func:`battery`)."""
+
+    model: str
+    task: str
+    heads: str                   # the set's name (:func:`cel_utils.ablation.format_set`)
+    n: int
+    formats: pd.DataFrame
+    sign_test: dict
+    ablations: dict
+    generation: dict
+    label_shift: dict
+    collateral: dict
+    control_task: dict
+    checks: dict = field(default_factory=dict)
+    label: str = ""
+
+    def record(self) -> dict:
+        """The JSON of ``cel robust`` (one set): ``formats`` (the default first), ``sign_test``, ``ablations``,
+        ``generation`` (exact-match tasks), ``fixes_by_kind`` (addition), ``label_shift``, ``collateral``,
+        ``control_task``, ``checks`` and ``label``."""
+        from .io import json_safe
+
+        f = self.formats[self.formats["set"] == self.heads]
+        gen = self.generation.get("sets", {}).get(self.heads) if self.generation else None
+        return json_safe({
+            "model": self.model, "task": self.task, "heads": self.heads, "n": self.n,
+            "formats": [{"name": r["format"], "n": r["n"], "baseline": r["baseline"], "delta": r["delta"],
+                         "ci_low": r["ci_low"], "ci_high": r["ci_high"]} for r in f.to_dict("records")],
+            "sign_test": self.sign_test, "ablations": self.ablations,
+            "generation": None if gen is None else {
+                "baseline_accuracy": self.generation["baseline_accuracy"], **{k: v for k, v in gen.items()
+                                                                              if k != "fixes_by_kind"}},
+            "fixes_by_kind": None if gen is None else gen.get("fixes_by_kind"),
+            "label_shift": self.label_shift, "collateral": self.collateral, "control_task": self.control_task,
+            "checks": self.checks, "label": self.label})
+
+
+def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: RobustSettings | None = None,
+            **overrides) -> list[Battery]:
+    """Every check of this module for each named head set on ``task_name`` (a built-in task with formats), on
+    ``n`` items of the ``split`` from item ``start`` on; the head means and the best constant come from the
+    search split. One :class:`Battery` per set, each with its :func:`label`."""
+    s = replace(settings or RobustSettings(), **overrides)
+    full = load_task(task_name, s.split, seed=s.seed)
+    if s.start + s.n > len(full):
+        raise CELError(f"{task_name}: items {s.start}..{s.start + s.n} asked, the {s.split} split has {len(full)}")
+    task = replace(full, items=full.items[s.start:s.start + s.n])
+    search = load_task(task_name, "search", n=s.n_search, seed=s.seed, clip=True)
+    confirm = load_task(task_name, "confirm", seed=s.seed)
+    fmt, per_item = format_changes(lm, task, sets, s.n_boot, s.seed)
+    gen = generation(lm, task, sets, s.n_boot, s.seed) if s.generate else {}
+    nll = text_nll(lm, sets, s.text_tokens, n_boot=s.n_boot, seed=s.seed) if s.text_tokens > 0 else {}
+    others = other_tasks(lm, sets, list(s.other_tasks), s.n_other, s.seed, s.n_boot) if s.other_tasks else None
+    ctl_name = CONTROL_TASKS.get(task_name)
+    ctl = other_tasks(lm, sets, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name else None
+    enc_h, enc_c = encode_task(lm, task), encode_task(lm, confirm)
+    base_h, base_c = evaluate(lm, enc_h), evaluate(lm, enc_c)
+    out = []
+    for name, heads in sets.items():
+        heads = list(heads)
+        d = fmt[fmt["set"] == name]["delta"].to_numpy()
+        sign = transfer(d, per_item[name], n_boot=s.n_boot, seed=s.seed)
+        abl = ablation_types(lm, task, search, heads, s.n_boot, s.seed, s.constant_steps)
+        shift = label_shift(task, confirm, base_h, evaluate(lm, enc_h, heads), base_c, s.n_boot, s.seed)
+        coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
+        if nll:
+            coll.update(text_nll_delta=nll["sets"][name]["text_nll_delta"], text_nll_ci_low=nll["sets"][name]["ci_low"],
+                        text_nll_ci_high=nll["sets"][name]["ci_high"], text_tokens=nll["text_tokens"],
+                        text_source=nll["source"], baseline_nll=nll["baseline_nll"])
+        if others is not None:
+            coll["other_tasks"] = others[others["set"] == name].drop(columns="set").to_dict("records")
+        ctl_row = {} if ctl is None else ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
+        g = gen.get("sets", {}).get(name) if gen else None
+        checks = {"transfers": sign["transfers"], "zero_helps": abl["zero"]["ci_low"] > 0,
+                  "mean_helps": abl["mean"]["ci_low"] > 0, "resample_helps": abl["resample"]["ci_low"] > 0,
+                  "generation_helps": None if g is None else g["ci_low"] > 0,
+                  "label_shift": None if not shift else bool(shift["offset_reproduces"] or shift["opposite_signs"]),
+                  "costly": None if not nll and others is None else bool(
+                      (nll and coll["text_nll_delta"] > COLLATERAL_NLL) or
+                      (others is not None and bool(others[others["set"] == name]["hurts"].any())))}
+        checks["zero_helps"] = bool(checks["zero_helps"] or checks["mean_helps"])
+        b = Battery(model=lm.name, task=task_name, heads=name, n=len(task), formats=fmt, sign_test=sign,
+                    ablations=abl, generation=gen, label_shift=shift, collateral=coll, control_task=ctl_row,
+                    checks=checks)
+        b.label = label(checks)
+        out.append(b)
+    return out
