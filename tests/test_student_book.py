@@ -117,3 +117,15 @@ def test_the_student_build_stops_with_one_line_when_chapters_are_missing(tmp_pat
         book.student(out=tmp_path / "student", chapters=tmp_path / "nothing")
     assert "make book" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "student").exists()
+
+
+@pytest.mark.notebook   # builds two books
+def test_the_instructor_pages_are_left_out_of_the_student_build(editions):
+    instructor, student = editions
+    assert (instructor / "book" / "instructor_notes.html").exists()
+    assert "instructor_notes.html" in (instructor / "book" / "course_guide.html").read_text(encoding="utf-8")
+    assert not (student / "book" / "instructor_notes.html").exists()
+    linking = [name for name, text in pages(student).items() if "instructor_notes" in text]
+    assert linking == []
+    guide = (student / "book" / "course_guide.html").read_text(encoding="utf-8")
+    assert "For instructors" not in guide and "Session 1" in guide
