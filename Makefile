@@ -1,6 +1,7 @@
 # The two commands a newcomer runs:
 #   make book   - set up .venv, execute every chapter at its default parameters, build the HTML book
 #   make test   - set up .venv, run the whole test suite (papermill runs of every chapter at CI parameters)
+# For teaching: make student-book - the same book without the exercise solutions, in _build/student/html
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 CHAPTERS := $(wildcard notebooks/[0-9]*.ipynb)
 EXECUTED := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(CHAPTERS))
 
-.PHONY: book test test-fast venv notebooks html clean bench
+.PHONY: book student-book test test-fast venv notebooks html clean bench
 
 venv: $(STAMP)
 
@@ -28,6 +29,10 @@ book: venv
 	$(BIN)/python -m cel_utils.book execute --out book/chapters
 	$(BIN)/python -m cel_utils.book build
 	@echo "The book is at $(CURDIR)/_build/html/index.html"
+
+# the student edition: the chapters `make book` executed, without the solutions (nothing is re-executed)
+student-book: venv
+	$(BIN)/python -m cel_utils.book student
 
 test: venv
 	$(BIN)/python -m pytest -q

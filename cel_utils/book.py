@@ -2,10 +2,14 @@
 
     python -m cel_utils.book execute [--out book/chapters] [--only 01_screening]
     python -m cel_utils.book build
+    python -m cel_utils.book student     # the student edition: no solutions, from the executed chapters
 
 Executing writes ``book/chapters/<name>.ipynb`` and an execution-status page with each notebook's run time.
 Building copies ``plotly.min.js`` from the installed plotly into ``book/assets/vendor`` (served locally:
 no page of the book requests anything from the network).
+The student edition (:func:`student`, ``make student-book``) stages a copy of the book whose executed chapters
+have every ``{solution}`` block and every ``solution-check`` cell removed, leaves out the instructor pages, and
+builds it into ``_build/student/html`` without executing anything.
 """
 
 from __future__ import annotations
@@ -335,6 +339,90 @@ def toc_chapters(root: Path = ROOT) -> list[str]:
     return re.findall(r"file:\s*book/chapters/(\d\w*)\s*$", (Path(root) / "_toc.yml").read_text(), flags=re.M)
 
 
+# ---- the student edition: the same book without the solutions ----------------------------------------------
+EXECUTED = ROOT / "book" / "chapters"   # where ``make book`` leaves the executed chapters
+STUDENT = ROOT / "_build" / "student"
+INSTRUCTOR_PAGES = ("book/instructor_notes",)   # pages (toc entries) the student edition leaves out
+# a {solution} directive, with a colon or backtick fence, up to its closing fence of the same length
+SOLUTION_BLOCK = re.compile(r"^(?P<fence>:{3,}|`{3,})\{solution\}[^\n]*\n.*?^(?P=fence)[ \t]*(?:\n|\Z)"
+                            r"(?:[ \t]*\n)*", re.S | re.M)
+# text between the MyST comment lines "% instructor-only" and "% end instructor-only" (links to instructor pages)
+INSTRUCTOR_ONLY = re.compile(r"^% instructor-only[ \t]*\n.*?^% end instructor-only[ \t]*(?:\n|\Z)", re.S | re.M)
+
+
+def strip_solutions(nb: dict) -> dict:
+    """A copy of notebook ``nb`` without its exercise solutions: every ``{solution}`` directive is cut from the
+    markdown cells (a cell left empty is dropped) and every code cell tagged ``solution-check`` is dropped.
+
+    Example:
+        >>> md = ":::{exercise}\\n:label: e\\nDo it.\\n:::\\n\\n:::{solution} e\\n:class: dropdown\\n\\nDone.\\n:::\\n"
+        >>> check = {"cell_type": "code", "metadata": {"tags": ["solution-check"]}, "source": "x = 1"}
+        >>> out = strip_solutions({"cells": [{"cell_type": "markdown", "source": md}, check]})
+        >>> [c["source"] for c in out["cells"]]
+        [':::{exercise}\\n:label: e\\nDo it.\\n:::\\n\\n']
+    """
+    out = dict(nb)
+    cells = []
+    for c in nb["cells"]:
+        if c["cell_type"] == "code" and "solution-check" in c.get("metadata", {}).get("tags", []):
+            continue
+        if c["cell_type"] == "markdown":
+            src = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            cut = SOLUTION_BLOCK.sub("", src)
+            if cut != src:
+                if not cut.strip():
+                    continue
+                c = {**c, "source": cut.splitlines(keepends=True) if isinstance(c["source"], list) else cut}
+        cells.append(c)
+    out["cells"] = cells
+    return out
+
+
+def student_stage(dest: Path, chapters: Path = EXECUTED) -> Path:
+    """Stage the student edition in ``dest``: :func:`stage`, the executed ``chapters`` (every file) with
+    :func:`strip_solutions` applied to each notebook, the :data:`INSTRUCTOR_PAGES` left out of the toc and the
+    pages, and the instructor-only passages (:data:`INSTRUCTOR_ONLY`) cut from every page."""
+    dest = stage(Path(dest))
+    out = dest / "book" / "chapters"
+    shutil.copytree(chapters, out, dirs_exist_ok=True)
+    for nb in out.glob("*.ipynb"):
+        nb.write_text(json.dumps(strip_solutions(json.loads(nb.read_text())), indent=1))
+    toc = dest / "_toc.yml"
+    text = toc.read_text()
+    for page in INSTRUCTOR_PAGES:
+        text = re.sub(rf"^[ \t]*- file: {re.escape(page)}[ \t]*\n", "", text, flags=re.M)
+        (dest / f"{page}.md").unlink(missing_ok=True)
+    toc.write_text(text)
+    for page in (dest / "book").glob("*.md"):
+        text = page.read_text()
+        if INSTRUCTOR_ONLY.search(text):
+            page.write_text(INSTRUCTOR_ONLY.sub("", text))
+    return dest
+
+
+def student(out: Path = STUDENT, chapters: Path = EXECUTED, strict: bool = True) -> Path:
+    """Build the student edition into ``out/html`` from the already executed ``chapters`` (nothing is executed);
+    the chapter sources without their solutions go to ``out/notebooks``. Stops with one line when the chapters
+    have not been executed yet."""
+    chapters, out = Path(chapters), Path(out)
+    missing = [c for c in expected_chapters() if not (chapters / f"{c}.ipynb").exists()]
+    if missing or not (chapters / "run_times.md").exists():
+        what = f"{len(missing)} of {len(expected_chapters())} chapters" if missing else "run_times.md"
+        raise SystemExit(f"the chapters are not executed yet ({what} missing from {chapters}): run `make book` first")
+    src = out / "src"
+    if src.exists():
+        shutil.rmtree(src)
+    src.mkdir(parents=True)
+    html = build(student_stage(src, chapters), strict=strict)
+    if (out / "html").exists():
+        shutil.rmtree(out / "html")
+    shutil.move(str(html), str(out / "html"))
+    (out / "notebooks").mkdir(exist_ok=True)
+    for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+        (out / "notebooks" / nb.name).write_text(json.dumps(strip_solutions(json.loads(nb.read_text())), indent=1))
+    return out / "html"
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m cel_utils.book")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -343,9 +431,16 @@ def main(argv=None) -> None:
     e.add_argument("--only", nargs="*", default=None)
     b = sub.add_parser("build")
     b.add_argument("--no-strict", action="store_true")
+    st = sub.add_parser("student", help="the student edition (no solutions) from the executed chapters")
+    st.add_argument("--out", default=str(STUDENT))
+    st.add_argument("--no-strict", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "execute":
         execute(Path(a.out), a.only)
+    elif a.cmd == "student":
+        html = student(Path(a.out), strict=not a.no_strict)
+        print(f"The student edition is at {html / 'index.html'}; its notebooks, without solutions, are in "
+              f"{Path(a.out) / 'notebooks'}")
     else:
         html = build(strict=not a.no_strict)
         print(f"The book is at {html / 'index.html'}")

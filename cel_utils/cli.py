@@ -11,6 +11,8 @@
                [--power-sims N] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
+    cel exercises list
+    cel exercises check NOTEBOOK
 
 Bad input exits with status 2 and a one-line message, and writes no output file.
 """
@@ -363,6 +365,22 @@ def cmd_theory(args):
     emit(dynamics.run_record(res), args.out)
 
 
+def cmd_exercises(args):
+    """``list``: the checked exercises, one a line; ``check NOTEBOOK``: grade a learner's notebook offline, one
+    line per exercise (PASS, FAIL or MISSING); exit status 1 when a present exercise fails."""
+    from .exercises import EXERCISES, grade_file
+
+    if args.action == "list":
+        for ex in EXERCISES:
+            print(ex.line())
+        return
+    results = grade_file(args.notebook)   # a missing or non-notebook file: CELError, nothing printed
+    for r in results:
+        print(r.line(), flush=True)
+    if any(r.outcome == "FAIL" for r in results):
+        raise SystemExit(1)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cel", description="Capability enhancement localization: head-ablation tools.")
     p.add_argument("--version", action="version", version=f"cel {__version__}")
@@ -449,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=0.5)
     t.add_argument("--out", default=None)
     t.set_defaults(fn=cmd_theory)
+
+    ex = sub.add_parser("exercises", help="the checked exercises: list them, or grade a learner's notebook offline")
+    ex_sub = ex.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ex_sub.add_parser("list", help="one line per checked exercise: label, chapter, function, check")
+    exc = ex_sub.add_parser("check", help="grade a notebook's exercise functions (the notebook itself is not run)")
+    exc.add_argument("notebook", help="a learner's .ipynb file")
+    ex.set_defaults(fn=cmd_exercises)
     return p
 
 

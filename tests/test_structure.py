@@ -9,8 +9,8 @@ PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
 ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "ablation", "scoring", "engine",
          "stats", "power", "compare", "screening", "approximate", "search", "joint", "effects", "verdict", "mechanism",
-         "explanation", "theory", "dynamics", "checks", "tables", "plots", "theory_plots", "widgets", "shards",
-         "book", "cli"]
+         "explanation", "theory", "dynamics", "checks", "exercises", "tables", "plots", "theory_plots", "widgets",
+         "shards", "book", "cli"]
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:

