@@ -435,25 +435,25 @@ def other_tasks(lm, sets: dict[str, Sequence[Head]], tasks: Sequence[str], n: in
 # The label, and the whole battery
 # ------------------------------------------------------------------------------------------------------------
 def label(checks: dict) -> str:
-    """One word for what the checks show (each ``None`` when it did not run), tested in this order:
-    ``offset`` (zero or mean ablation helps, resample does not: the head's removal changes a constant, not what it
-    reads), ``label shift`` (a constant label offset reproduces the gain, or one class's margins fall while the
-    other's rise), ``format-specific`` (does not transfer across formats), ``teacher-forcing only`` (no gain in
-    free generation), ``costly`` (the NLL on general text rises by more than ``COLLATERAL_NLL`` or another task
-    loses significantly), else ``capability``.
+    """One word for what the checks show (a check is ``None`` when it did not run), tested in this order:
+    ``format-specific`` (the gain does not transfer across the prompt formats: the first thing a capability must
+    do), ``label shift`` (a constant label offset reproduces the gain, or one class's margins fall while the
+    other's rise), ``offset`` (zero or mean ablation helps, resample does not: removal changes a constant, not
+    what the head reads), ``teacher-forcing only`` (no gain in free generation), ``costly`` (the NLL on general
+    text rises by more than ``COLLATERAL_NLL`` or another task loses significantly), else ``capability``.
 
     Example:
-        >>> label({"zero_helps": True, "resample_helps": False})
+        >>> label({"transfers": True, "zero_helps": True, "resample_helps": False})
         'offset'
-        >>> label({"zero_helps": True, "resample_helps": True, "transfers": True, "generation_helps": True})
+        >>> label({"transfers": True, "zero_helps": True, "resample_helps": True, "generation_helps": True})
         'capability'
     """
-    if checks.get("zero_helps") and checks.get("resample_helps") is False:
-        return "offset"
-    if checks.get("label_shift"):
-        return "label shift"
     if checks.get("transfers") is False:
         return "format-specific"
+    if checks.get("label_shift"):
+        return "label shift"
+    if checks.get("zero_helps") and checks.get("resample_helps") is False:
+        return "offset"
     if checks.get("generation_helps") is False:
         return "teacher-forcing only"
     if checks.get("costly"):

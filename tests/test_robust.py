@@ -1,0 +1,250 @@
+"""Is it a capability? The battery of cel_utils.robust on tiny models with planted heads, and its pieces against
+independent computations."""
+
+import json
+import random
+import string
+
+import numpy as np
+import pytest
+import torch
+
+from cel_utils import formats, hooks, robust
+from cel_utils.formats import Format
+from cel_utils.scoring import ItemResults
+
+PLANTED = (1, 2)
+PREFIXES = ["", "x ", "> ", "q: ", "## ", "so ", "| ", "ok "]   # eight "formats": a different start each
+
+
+def _prompts(n_per_split=6, seed=0):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < 3 * n_per_split:
+        p = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 8))) + ":"
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def _planted_model(prompts, constant: bool, transfer: bool):
+    """A tiny Llama whose head PLANTED decides the items: with every head on, default-format items are answered
+    wrong; without it, right. ``constant``: the head's output is a constant (value weights 0, a value bias), so
+    another item's output is the same vector. ``transfer``: in the other formats the head hurts too (else it
+    does nothing there: the answer is right with and without it). Other heads are near-silent."""
+    import transformers
+
+    from cel_utils.models import wrap_model
+    from cel_utils.tiny import FAMILY_CONFIGS, char_tokenizer
+
+    tok = char_tokenizer()
+    cfg = transformers.LlamaConfig(vocab_size=len(tok), attention_bias=True, **FAMILY_CONFIGS["llama"][1])
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    lm = wrap_model(model, tok, name="tiny-planted")
+    L, H = PLANTED
+    D = lm.head_dim
+    attn = hooks.attention_module(lm, L)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+        for l in range(lm.n_layers):
+            w = lm.out_proj(l).weight
+            for h in range(lm.n_heads):
+                w[:, h * D:(h + 1) * D] *= 8.0 if (l, h) == PLANTED else 0.001
+        if constant:  # the value projection of PLANTED's key/value group gives a constant: its bias
+            g = H // (lm.n_heads // lm.n_kv_heads)
+            attn.v_proj.weight[g * D:(g + 1) * D] = 0
+            attn.v_proj.bias[g * D:(g + 1) * D] = torch.randn(D) * 3
+        states = {}
+        block = lm.out_proj(L).weight[:, H * D:(H + 1) * D]
+        saved = block.clone()
+        for on in (True, False):
+            if not on:
+                block.zero_()
+            states[on] = torch.stack([hooks.hidden_states(lm, torch.tensor([tok(pre + p)["input_ids"]]), None)[0, -1]
+                                      for pre in PREFIXES for p in prompts])
+            block.copy_(saved)
+        n = len(prompts)
+        default = torch.zeros(len(PREFIXES) * n, dtype=torch.bool)
+        default[:n] = True
+        y_with = torch.where(default | torch.tensor(transfer), -1.0, 1.0)
+        x = torch.cat([states[False], states[True]])
+        y = torch.cat([torch.ones(len(default)), y_with])
+        d = _separate(x, y)
+        ia, ib = (tok(c)["input_ids"][0] for c in "ab")
+        emb = lm.model.get_output_embeddings()
+        emb.weight[ia] = emb.weight[ib] + 5 * d / (x @ d).abs().min()
+    return wrap_model(model, tok, name="tiny-planted")
+
+
+def _separate(x, y, steps=3000):
+    """A direction ``d`` with ``sign(x @ d) == y`` for every row (a linear separator found by gradient descent on
+    a logistic loss, from the least-squares solution); fails when none is found."""
+    d = torch.linalg.lstsq(x, y[:, None]).solution[:, 0].clone().requires_grad_(True)
+    opt = torch.optim.Adam([d], lr=0.05)
+    for _ in range(steps):
+        with torch.enable_grad():
+            margin = (x @ d) * y
+            if (margin > 0.1).all():
+                break
+            opt.zero_grad()
+            torch.nn.functional.softplus(1 - margin).mean().backward()
+            opt.step()
+    d = d.detach()
+    assert ((x @ d) * y > 0).all(), "the planted states are not separated"
+    return d
+
+
+@pytest.fixture()
+def planted_task(tmp_path, monkeypatch):
+    """A JSONL task in three splits whose answer is always "a", and eight formats (different starts)."""
+    prompts = _prompts()
+    items = [{"prompt": p, "choices": ["a", "b"] if i % 2 else ["b", "a"], "answer": 0 if i % 2 else 1,
+              "split": ("search", "confirm", "heldout")[i % 3]} for i, p in enumerate(prompts)]
+    path = tmp_path / "planted.jsonl"
+    path.write_text("".join(json.dumps(it) + "\n" for it in items))
+    fmts = [Format("default", "", lambda it: it)] + [
+        Format(f"start {pre!r}", "", lambda it, pre=pre: {**it, "prompt": pre + it["prompt"]}) for pre in PREFIXES[1:]]
+    monkeypatch.setitem(formats.FORMATS, "planted", fmts)
+    return str(path), prompts
+
+
+def _battery(lm, path):
+    return robust.battery(lm, path, {"L1H2": [PLANTED]}, n=6, n_search=6, text_tokens=0, generate=False,
+                          constant_steps=0, n_boot=200)[0]
+
+
+def test_a_constant_offset_head_is_an_offset(planted_task):
+    """Removing a head whose output is a constant helps in every format, and zeroing it helps, but giving each
+    item another item's output (the same constant) changes nothing: an offset, not a capability."""
+    path, prompts = planted_task
+    b = _battery(_planted_model(prompts, constant=True, transfer=True), path)
+    assert b.sign_test["positive"] == 8 and b.checks["transfers"]
+    assert b.ablations["zero"]["delta"] == 1.0 and b.ablations["resample"]["delta"] == 0.0
+    assert b.label == "offset"
+
+
+def test_a_head_that_helps_one_format_only_is_format_specific(planted_task):
+    """A head whose removal fixes the default format's items and changes nothing in the seven others: the gain
+    does not transfer (1 of 8 formats positive), whatever the ablation type shows."""
+    path, prompts = planted_task
+    b = _battery(_planted_model(prompts, constant=False, transfer=False), path)
+    f = b.formats.set_index("format")["delta"]
+    assert f["default"] == 1.0 and (f.drop("default") == 0).all()
+    assert b.sign_test["positive"] == 1 and not b.checks["transfers"]
+    assert b.label == "format-specific"
+
+
+def test_a_label_shift_is_called_a_label_shift():
+    """Removal moves every margin toward one label: class A's margins rise (some items flip to right), class B's
+    fall without a flip. The per-class changes have opposite signs and a constant label offset fit on the
+    confirm split's margins reproduces the gain; a gain spread over both classes is no label shift."""
+    from cel_utils.tasks import Task
+
+    rng = np.random.default_rng(0)
+    n = 120
+    labels = ["A"] * (n // 2) + ["B"] * (n // 2)
+    s = np.where(np.array(labels) == "A", 1.0, -1.0)
+
+    def task(items_labels):
+        return Task(name="t", kind="mc", items=[{"prompt": "p", "choices": ["a", "b"], "answer": 0, "label": l}
+                                                for l in items_labels])
+    held, conf = task(labels), task(labels)
+    m_conf = np.where(s > 0, rng.normal(-0.2, 0.5, n), rng.normal(3, 0.5, n))  # class A near the threshold
+    m_base = np.where(s > 0, rng.normal(-0.2, 0.5, n), rng.normal(3, 0.5, n))
+    r = lambda m: ItemResults(correct=(m > 0)[None], margin=m[None])  # noqa: E731
+    shift = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * s), r(m_conf), n_boot=300)
+    assert shift["gain"] > 0.2 and shift["opposite_signs"] and shift["offset_reproduces"]
+    assert robust.label({"transfers": True, "label_shift": True, "zero_helps": True, "resample_helps": True}) == \
+        "label shift"
+    capable = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * np.abs(s) * (s > 0) + 0.8 * (s < 0)),
+                                 r(m_conf), n_boot=300)
+    assert not capable["opposite_signs"]
+
+
+def test_greedy_generation_matches_a_plain_loop(tiny_llama):
+    """Batched greedy generation (left padding, KV cache, a head removed) gives the same texts as a plain loop
+    that recomputes the whole sequence for every new token, one prompt at a time."""
+    from cel_utils.ablation import ablate_heads
+
+    lm = tiny_llama
+    prompts = ["12 + 7 =", "The keys", "a", "When Mary and John went"]
+    got = robust.greedy(lm, prompts, max_new=5, heads=[(1, 2)], batch_size=3)
+    want = []
+    with torch.no_grad(), ablate_heads(lm, [(1, 2)]):
+        for p in prompts:
+            ids = lm.tokenizer(p)["input_ids"]
+            for _ in range(5):
+                ids.append(int(lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].argmax()))
+            want.append(lm.tokenizer.decode(ids[len(lm.tokenizer(p)["input_ids"]):], skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False))
+    assert got == want
+    assert robust.greedy(lm, prompts, max_new=5) != got  # the head matters
+
+
+def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
+    """NLL per token against transformers' own language-model loss, chunk by chunk (an independent
+    implementation), unablated and with a head removed."""
+    from cel_utils.ablation import ablate_heads
+
+    lm = tiny_llama
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    monkeypatch.setattr(robust, "english_text", lambda: (text, "test text"))
+    got = robust.text_nll(lm, {"L1H2": [(1, 2)]}, n_tokens=300, chunk=64, batch_size=3, n_boot=100)  # a padded batch
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:301]
+    chunks = [ids[i:i + 64] for i in range(0, len(ids) - 1, 64)]
+
+    def loss(heads):
+        total, count = 0.0, 0
+        with torch.no_grad(), ablate_heads(lm, heads):
+            for c in chunks:
+                x = torch.tensor([c])
+                total += float(lm.model(input_ids=x, labels=x).loss) * (len(c) - 1)
+                count += len(c) - 1
+        return total / count
+    assert got["text_tokens"] == sum(len(c) - 1 for c in chunks)
+    assert got["baseline_nll"] == pytest.approx(loss([]), rel=1e-5)
+    assert got["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(loss([(1, 2)]) - loss([]), rel=1e-4, abs=1e-6)
+
+
+def test_fixes_by_kind_and_answer_of():
+    assert robust.answer_of(" 79\n") == "79" and robust.answer_of("\n") == ""
+    kinds = robust.fixes_by_kind([" 7", " 790", " 35", " 79"], [" 79", " 79", " 79", " 80"], ["79", "79", "79", "80"])
+    assert kinds == {"content": 2, "termination": 2}
+
+
+def test_resample_gives_each_sequence_another_items_output(tiny_llama):
+    """Resample ablation of an input-dependent head changes the margins (another item's output is not the item's
+    own); donors that are the items themselves count as having no partner, and sequences without a
+    partner of their length get the head's mean (a constant, like mean ablation)."""
+    from cel_utils.ablation import Ablation, compute_head_means
+    from cel_utils.engine import evaluate
+    from cel_utils.scoring import encode_task
+    from cel_utils.tasks import load_task
+
+    lm = tiny_llama
+    task = load_task("ioi", "heldout", n=12)
+    enc = encode_task(lm, task)
+    means = compute_head_means(lm, enc.inputs)
+    base = evaluate(lm, enc, result_cache=False)
+    r = robust.resample_evaluate(lm, enc, [(1, 2)], means, seed=0)
+    lengths = [len(w) for _, _, w, _ in enc.full]
+    partnered = [i for i in range(enc.n_items)   # items whose every sequence has a partner of its length
+                 if all(lengths.count(len(w)) > 1 for j, _, w, _ in enc.full if j == i)]
+    assert partnered and np.abs(r.margin - base.margin)[0, partnered].max() > 1e-3
+    assert len(set(lengths)) > 1 and max(lengths.count(L) for L in set(lengths)) > 1
+    d = robust.donors(lengths, seed=0)
+    assert all(lengths[int(d[i])] == lengths[i] for i in range(len(d)))
+    alone = [i for i, L in enumerate(lengths) if lengths.count(L) == 1]
+    assert all(d[i] == i for i in alone) and all(d[i] != i for i in range(len(d)) if i not in alone)
+    orig = robust.donors
+    try:  # donors that are the items themselves: the resample pass must then reproduce the unablated model
+        robust.donors = lambda lengths, seed=0: np.arange(len(lengths))
+        same = robust.resample_evaluate(lm, enc, [(1, 2)], means)
+    finally:
+        robust.donors = orig
+    # every sequence is its own donor: each counts as "no partner" and gets the mean, i.e. mean ablation
+    mean_abl = evaluate(lm, enc, [(1, 2)], mode=Ablation("mean", means), result_cache=False)
+    assert np.abs(same.margin - mean_abl.margin).max() < 1e-4
