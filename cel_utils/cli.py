@@ -9,6 +9,7 @@
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
     cel verdict --model M --task T [--n-search N] [--n-confirm N] [--n-heldout N] [--top-k K] [--mode M] [--seed S]
                [--power-sims N] [--out F]
+    cel robust --model M --task T --heads L13H0[,L19H4] [--split heldout] [--n N] [--seed S] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
     cel exercises list
@@ -329,6 +330,44 @@ def cmd_verdict(args):
     emit(out, args.out)
 
 
+def cmd_robust(args):
+    """Is it a capability? The battery of :mod:`cel_utils.robust` on one head set (removed together)."""
+    from .ablation import check_head_spec, format_set, parse_heads
+    from .formats import formats_of
+    from .robust import CONTROL_TASKS, RobustSettings, battery
+
+    check_out(args.out)
+    check_head_spec(args.heads)
+    _check_sizes(args)
+    if args.heads.strip().lower() == "all" or not args.heads.strip():
+        raise CELError("--heads takes a head set, e.g. L13H0 or L0H7,L11H6")
+    formats_of(args.task)  # a built-in task with prompt formats, before the model is loaded
+    if args.mode != "zero":
+        raise CELError("cel robust compares every ablation type itself: leave out --mode")
+    split = args.split or "heldout"
+    if split == "search":
+        raise CELError("cel robust tests on items that chose nothing: --split confirm or heldout")
+    if args.text_tokens < 0 or args.constant_steps < 0:
+        raise CELError("--text-tokens and --constant-steps must be at least 0")
+    lm, _ = _load(args, _split_task(args.task, split))
+    heads = parse_heads(args.heads, lm.n_layers, lm.n_heads)
+    others = [t for t in args.other_tasks.split(",") if t] if args.other_tasks is not None else \
+        [t for t in ("addition", "agreement_rc", "agreement", "ioi") if t not in (args.task, CONTROL_TASKS.get(args.task))]
+    s = RobustSettings(n=args.n or defaults.ROBUST_ITEMS, split=split, seed=args.seed, text_tokens=args.text_tokens,
+                       constant_steps=args.constant_steps, other_tasks=tuple(others))
+    b = battery(lm, args.task, {format_set(heads): heads}, settings=s)[0]
+    out = {k: v for k, v in _header(lm, _split_task(args.task, split), args).items() if k != "n_items"}
+    out.update(b.record())
+    emit(out, args.out)
+
+
+def _split_task(name, split):
+    """A built-in task's split (all its items), for the header and the cheap checks before the model loads."""
+    from .tasks import load_task
+
+    return load_task(name, split)
+
+
 def cmd_explain(args):
     from .ablation import check_head_spec, parse_heads
     from .explanation import profile
@@ -453,6 +492,17 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--power-sims", type=int, default=defaults.POWER_SIMS,
                    help="simulations of the whole pipeline's power (0: skip)")
     v.set_defaults(fn=cmd_verdict)
+
+    r = sub.add_parser("robust", help="is it a capability? formats, free generation, ablation types, label shift, "
+                                      "collateral, a label")
+    common(r)
+    r.add_argument("--heads", required=True, help="the head set removed together, e.g. L13H0 or L0H7,L11H6")
+    r.add_argument("--text-tokens", type=int, default=defaults.TEXT_TOKENS,
+                   help="tokens of general English text for the change in NLL (0: skip)")
+    r.add_argument("--constant-steps", type=int, default=defaults.CONSTANT_STEPS,
+                   help="gradient rounds of the best-constant ablation (0: skip)")
+    r.add_argument("--other-tasks", default=None, help="tasks on which the cost is measured (comma list)")
+    r.set_defaults(fn=cmd_robust)
 
     x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
     common(x)

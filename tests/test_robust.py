@@ -248,3 +248,44 @@ def test_resample_gives_each_sequence_another_items_output(tiny_llama):
     # every sequence is its own donor: each counts as "no partner" and gets the mean, i.e. mean ablation
     mean_abl = evaluate(lm, enc, [(1, 2)], mode=Ablation("mean", means), result_cache=False)
     assert np.abs(same.margin - mean_abl.margin).max() < 1e-4
+
+
+def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
+    """`cel robust` writes the contract's fields (formats with the default first, the sign test, four ablation
+    types, generation with fixes by kind for addition, collateral, a label from the list) and refuses bad input
+    with one line, exit 2, nothing written."""
+    from cel_utils.cli import main
+
+    folder = tiny_folder("llama")
+    out = tmp_path / "r.json"
+    argv = ["robust", "--model", folder, "--task", "addition", "--heads", "L1H2", "--n", "6", "--text-tokens", "120",
+            "--constant-steps", "1", "--other-tasks", "agreement", "--no-cache"]
+    assert main(argv + ["--out", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert [f["name"] for f in d["formats"]][0] == "default" and len(d["formats"]) == 8
+    assert all(set(f) >= {"name", "n", "baseline", "delta", "ci_low", "ci_high"} for f in d["formats"])
+    assert set(d["sign_test"]) >= {"positive", "total", "p_value"} and d["sign_test"]["total"] == 8
+    assert set(d["ablations"]) == {"zero", "mean", "resample", "constant"}
+    assert all(set(a) >= {"delta", "ci_low", "ci_high"} for a in d["ablations"].values())
+    g = d["generation"]
+    assert set(g) >= {"baseline_accuracy", "ablated_accuracy", "delta", "ci_low", "ci_high",
+                      "agreement_with_teacher_forced", "items"} and len(g["items"]) == 6
+    assert set(g["items"][0]) == {"prompt", "target", "baseline_text", "ablated_text"}
+    assert set(d["fixes_by_kind"]) == {"content", "termination"}
+    c = d["collateral"]
+    assert c["text_tokens"] >= 100 and isinstance(c["text_nll_delta"], float)
+    assert [t["task"] for t in c["other_tasks"]] == ["agreement"]
+    assert d["label"] in robust.LABELS
+    for bad, msg in [(["--heads", "all"], "head set"), (["--split", "search"], "chose nothing"),
+                     (["--text-tokens", "-1"], "at least 0"), (["--task", "capitals"], "no prompt formats")]:
+        capsys.readouterr()
+        bad_out = tmp_path / "bad.json"
+        args = [a for a in argv]
+        for k in range(0, len(bad), 2):
+            if bad[k] in args:
+                args[args.index(bad[k]) + 1] = bad[k + 1]
+            else:
+                args += bad[k:k + 2]
+        assert main(args + ["--out", str(bad_out)]) == 2 and not bad_out.exists()
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and msg in err, err
