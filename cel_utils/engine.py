@@ -221,3 +221,28 @@ def read_batch(lm, enc: EncodedTask, seqs: list[int], P: int = 0) -> ReadBatch:
                   rows=torch.tensor([row_of_seq[int(s)] for s in enc.read_seq[reads]], device=dev),
                   pos=torch.tensor(enc.read_pos[reads] - P, device=dev),
                   tok=torch.tensor(enc.read_tok[reads], device=dev))
+
+
+@torch.no_grad()
+def read_stats_with(lm, enc: EncodedTask, points_for=None, max_tokens: int = MAX_TOKENS,
+                    share_prefix: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per-read log-prob and logit gap ``[n_reads]`` of one forward over every input sequence, with the hook
+    points ``points_for(seqs)`` (:func:`cel_utils.hooks.hooked`) attached for the batch holding input sequences
+    ``seqs`` (indices into ``enc.inputs``; rows in that order, positions counted from the end of the shared prefix).
+    The shared prompt prefix runs once per batch *without* the points (it is the same for every item), its
+    keys/values reused. :func:`aggregate` turns the result into per-item results."""
+    prefix = common_prefix(enc) if share_prefix else []
+    P = len(prefix)
+    lp_out, gap_out = np.zeros(enc.n_reads), np.zeros(enc.n_reads)
+    base, dev = lm.model.base_model, lm.device
+    prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
+    for seqs in batches_by_tokens([len(x) - P for x in enc.inputs], max_tokens):
+        b = read_batch(lm, enc, seqs, P)
+        att, kw = b.att, {"use_cache": False}  # use_cache: the KV cache of transformers
+        if P:
+            att, kw = prefix_kwargs(base, prefix_ids, b.ids, att, len(b.ids))
+        with hooks.hooked(lm, points_for(seqs) if points_for else []):
+            hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
+        lp, gap = read_stats(logits_at(lm, hidden[b.rows, b.pos]), b.tok, enc.continues)
+        lp_out[b.reads], gap_out[b.reads] = lp.cpu().numpy(), gap.cpu().numpy()
+    return lp_out, gap_out

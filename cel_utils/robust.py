@@ -34,15 +34,15 @@ import pandas as pd
 import torch
 
 from . import hooks
-from .ablation import Ablation, Head, compute_head_means, format_set, head_name
+from .ablation import Ablation, Head, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
 from .defaults import ALPHA, COLLATERAL_NLL, N_BOOT, TEXT_TOKENS
 from .effects import class_effects, item_labels
-from .engine import evaluate
+from .engine import common_prefix, evaluate, read_stats_with
 from .errors import CELError
 from .formats import formats_of, in_format
-from .scoring import encode_task, plain_evaluate, split_prompt
+from .scoring import ItemResults, aggregate, encode_task, split_prompt
 from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
 from .tasks import Task, load_task
 
@@ -212,41 +212,43 @@ def donors(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
 
 
 @torch.no_grad()
-def resample_evaluate(lm, enc, heads: Sequence[Head], means: torch.Tensor, seed: int = 0, batch_size: int = 16):
-    """Resample ablation: each (item, choice) sequence run with ``heads``' outputs (at every position) replaced by
-    their outputs on another item's sequence of the same length (:func:`donors`); a sequence without a partner
-    of its length gets the heads' means. Plain full forwards (:func:`cel_utils.scoring.plain_evaluate`)."""
-    seqs = [w for _, _, w, _ in enc.full]
-    donor = donors([len(w) for w in seqs], seed)
+def resample_evaluate(lm, enc, heads: Sequence[Head], means: torch.Tensor, seed: int = 0) -> ItemResults:
+    """Resample ablation: every input sequence run with ``heads``' outputs replaced, at every position after the
+    prompt prefix all items share, by their outputs on another item's sequence of the same length
+    (:func:`donors`); a sequence without a partner of its length gets the heads' means. (On the shared prefix
+    every item's output is the same, so there is nothing to resample.) Two passes of
+    :func:`cel_utils.engine.read_stats_with`: the donors' clean outputs, then the patched run."""
+    P = len(common_prefix(enc))
+    lengths = [len(x) - P for x in enc.inputs]
+    donor = donors(lengths, seed)
     layers = sorted({l for l, _ in heads})
     stored: dict[int, dict[int, torch.Tensor]] = {l: {} for l in layers}  # layer -> sequence -> [pos, head, d]
 
-    def keep(l, start):
-        def fn(z):  # [batch, pos, head, d_head]
-            for r in range(z.shape[0]):
-                stored[l][start + r] = z[r, :len(seqs[start + r])].detach().clone()
-        return fn
+    def keep(seqs):
+        def fn_for(l):
+            def fn(z):  # [batch, pos, head, d_head]
+                for r, i in enumerate(seqs):
+                    stored[l][i] = z[r, :lengths[i]].detach().clone()
+            return fn
+        return [("z", l, fn_for(l)) for l in layers]
 
-    for b, ids, att in hooks.padded_batches(lm, seqs, batch_size):  # the donors' clean pass
-        with hooks.hooked(lm, [("z", l, keep(l, b)) for l in layers]):
-            lm.model(input_ids=ids, attention_mask=att, use_cache=False)
-
-    def patch(start, n):
+    def patch(seqs):
         def fn_for(l):
             hs = [h for ll, h in heads if ll == l]
 
             def fn(z):
                 z = z.clone()
-                for r in range(n):
-                    i, d = start + r, int(donor[start + r])
-                    T = len(seqs[i])
+                for r, i in enumerate(seqs):
+                    d, T = int(donor[i]), lengths[i]
                     z[r, :T, hs] = (stored[l][d][:T, hs] if d != i else
                                     means[l, hs].to(z.dtype)[None].expand(T, -1, -1))
                 return z
             return fn
         return [("z", l, fn_for(l)) for l in layers]
 
-    return plain_evaluate(lm, enc, batch_size=batch_size, batch_hooks=patch)
+    read_stats_with(lm, enc, keep)
+    lp, gap = read_stats_with(lm, enc, patch)
+    return aggregate(enc, lp[None], gap[None])
 
 
 def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, steps: int = 5) -> torch.Tensor:

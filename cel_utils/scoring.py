@@ -257,13 +257,11 @@ def batches_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 @torch.no_grad()
 def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zero", means=None,
-                   batch_size: int = 16, ablator: HeadAblator | None = None, batch_hooks=None) -> ItemResults:
+                   batch_size: int = 16, ablator: HeadAblator | None = None) -> ItemResults:
     """The reference: every (item, choice) sequence run in full, full-vocabulary log-softmax, one head set.
 
     This is what a plain loop does; the engine (:mod:`cel_utils.engine`) must reproduce it. ``ablator``: an
     attached :class:`~cel_utils.ablation.HeadAblator` to reuse (then ``mode``/``means`` are its own).
-    ``batch_hooks(start, n)``: hook points (:func:`cel_utils.hooks.hooked`) for the batch of sequences
-    ``enc.full[start:start + n]`` (e.g. a resample ablation that gives each row another item's head output).
     """
     own = ablator is None
     if own:
@@ -274,8 +272,7 @@ def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zer
         lps, gaps, ri, rc = [], [], [], []
         for b, ids, att in hooks.padded_batches(lm, [w for _, _, w, _ in enc.full], batch_size):
             chunk = enc.full[b:b + batch_size]
-            with hooks.hooked(lm, batch_hooks(b, len(chunk)) if batch_hooks else []):
-                logits = lm.model(input_ids=ids, attention_mask=att, use_cache=False).logits  # [batch, pos, vocab]
+            logits = lm.model(input_ids=ids, attention_mask=att, use_cache=False).logits  # [batch, pos, vocab]
             logp = torch.log_softmax(logits.float(), dim=-1)
             for r, (i, c, whole, nctx) in enumerate(chunk):
                 pos = torch.arange(nctx - 1, len(whole) - 1, device=logp.device)

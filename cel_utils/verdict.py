@@ -32,6 +32,7 @@ from .compare import Comparison, compare_sets, heldout_test, pick_chosen
 from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, N_BOOT, N_CONFIRM, N_HELDOUT, N_SEARCH, POWER, POWER_GAIN,
                        POWER_SIMS)
 from .io import json_safe
+from .models import cast
 from .scoring import encode_task
 from .joint import cross_task
 from .screening import Screen, confirm_test, confirmation_power, screen
@@ -210,6 +211,7 @@ class VerdictSettings:
     n_boot: int = N_BOOT
     power: float = POWER
     power_sims: int = POWER_SIMS  # simulations of the whole pipeline (0: not computed)
+    rank_dtype: str = "float32"   # the search screen's dtype (it only ranks: confirm and held-out stay float32)
 
 
 def pipeline_power_table(sc: Screen, conf: pd.DataFrame, conf_cmp: Comparison, held: pd.DataFrame, n_heldout: int,
@@ -248,7 +250,8 @@ def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[H
     ablation = Ablation.of(s.mode)
     if ablation.mode == "mean":
         ablation = ablation.resolved(lm, encode_task(lm, splits["search"]).inputs)
-    sc = screen(lm, splits["search"], heads=head_list, mode=ablation)
+    ranker = cast(lm, s.rank_dtype)
+    sc = screen(ranker, splits["search"], heads=head_list, mode=ablation)
     st = sc.stats(n_boot=s.n_boot, seed=s.seed, fdr=s.fdr)
     conf, conf_cmp = confirm_test(lm, sc, splits["confirm"], top_k=s.top_k, fdr=s.fdr, mode=ablation,
                                   n_boot=s.n_boot, seed=s.seed)

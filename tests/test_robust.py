@@ -230,9 +230,12 @@ def test_resample_gives_each_sequence_another_items_output(tiny_llama):
     means = compute_head_means(lm, enc.inputs)
     base = evaluate(lm, enc, result_cache=False)
     r = robust.resample_evaluate(lm, enc, [(1, 2)], means, seed=0)
-    lengths = [len(w) for _, _, w, _ in enc.full]
-    partnered = [i for i in range(enc.n_items)   # items whose every sequence has a partner of its length
-                 if all(lengths.count(len(w)) > 1 for j, _, w, _ in enc.full if j == i)]
+    from cel_utils.engine import common_prefix
+
+    P = len(common_prefix(enc))
+    lengths = [len(x) - P for x in enc.inputs]
+    partnered = [i for i in range(enc.n_items)   # items whose every input sequence has a partner of its length
+                 if all(lengths.count(lengths[s]) > 1 for s in set(enc.read_seq[enc.read_item == i]))]
     assert partnered and np.abs(r.margin - base.margin)[0, partnered].max() > 1e-3
     assert len(set(lengths)) > 1 and max(lengths.count(L) for L in set(lengths)) > 1
     d = robust.donors(lengths, seed=0)
