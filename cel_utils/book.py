@@ -120,7 +120,7 @@ def _run_all(out, only, parameters, kernel, solutions) -> list[dict]:
     import papermill as pm
 
     status = []
-    for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb")):
+    for nb in [NOTEBOOKS / f"{c}.ipynb" for c in expected_chapters()]:
         if only and nb.stem not in only:
             continue
         print(f"executing {nb.name} ...", flush=True)
@@ -320,12 +320,18 @@ def strip_thebe(html: str) -> str:
     return THEBE.sub("", html)
 
 
+# The one list of chapters, in the order they are executed (each reads the records of those before it: 1c tests
+# the sets chapter 2 chose, 2a explains heads 1c labelled); the toc, the summary pages and the tests read it.
+CHAPTERS = ["01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search", "01c_capability",
+            "02a_mechanism", "03_theory", "04_findings", "05_closing"]
+
+
 def expected_chapters() -> list[str]:
-    """The chapters, in the order they are executed (the notebooks' names sort in that order)."""
-    return [nb.stem for nb in sorted(NOTEBOOKS.glob("[0-9]*.ipynb"))]
-
-
-CHAPTERS = expected_chapters()   # the one list of chapters: the toc, the summary pages and the tests read it
+    """The chapters in execution order (:data:`CHAPTERS`); an error when the notebooks on disk differ from it."""
+    on_disk = sorted(nb.stem for nb in NOTEBOOKS.glob("[0-9]*.ipynb"))
+    if sorted(CHAPTERS) != on_disk:
+        raise SystemExit(f"book.CHAPTERS {sorted(CHAPTERS)} and the notebooks {on_disk} differ")
+    return list(CHAPTERS)
 SUMMARY_PAGES = ("04_findings", "05_closing")  # chapters that only read the others' records
 
 

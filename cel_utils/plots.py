@@ -426,3 +426,48 @@ def cost_vs_agreement(agreement: pd.DataFrame) -> go.Figure:
     fig.update_layout(xaxis_title="wall time (s, log scale)", yaxis_title="Spearman correlation with exact",
                       height=420)
     return fig
+
+
+def format_changes(fmt: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Chapter 1c: each head set's change in accuracy in every prompt format (95% CI), beside the unablated
+    model's own accuracy in that format (the spread formats cause without any ablation)."""
+    from plotly.subplots import make_subplots
+
+    formats = list(dict.fromkeys(fmt["format"]))
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, column_widths=[0.7, 0.3], horizontal_spacing=0.03,
+                        subplot_titles=("change in accuracy when removed", "unablated accuracy"))
+    for name, g in fmt.groupby("set", sort=False):
+        g = g.set_index("format").loc[formats]
+        fig.add_trace(go.Scatter(x=g["delta"], y=formats, mode="markers", name=name, marker=dict(size=9),
+                                 error_x=clipped_bars(g["delta"], g["ci_low"], g["ci_high"]),
+                                 hovertemplate="%{y}: %{x:+.3f}<extra>" + name + "</extra>"), row=1, col=1)
+    base = fmt.drop_duplicates("format").set_index("format").loc[formats]
+    fig.add_trace(go.Bar(x=base["baseline"], y=formats, orientation="h", marker_color="#bbbbbb", showlegend=False,
+                         hovertemplate="%{y}: %{x:.3f}<extra>unablated</extra>"), row=1, col=2)
+    fig.add_vline(x=0, line=dict(color="grey", dash="dot"), row=1, col=1)
+    width = 760
+    fig.update_layout(title=dict(text=fit(title or "change in accuracy in every prompt format", width)),
+                      yaxis=dict(autorange="reversed"), height=120 + 34 * len(formats), width=width,
+                      legend=dict(orientation="h", y=-0.15))
+    fig.update_xaxes(range=[0, 1], row=1, col=2)
+    return fig
+
+
+def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Chapter 1c: each head set's held-out gain on its own task (x, 95% CI) against the change in NLL per token
+    on general English text (y, 95% CI); one colour per label."""
+    fig = go.Figure()
+    for lab, g in rows.groupby("label", sort=False):
+        fig.add_trace(go.Scatter(
+            x=g["gain"], y=g["text_nll_delta"], mode="markers+text", text=g["heads"], textposition="top center",
+            name=lab, marker=dict(size=11),
+            error_x=clipped_bars(g["gain"], g["gain_ci_low"], g["gain_ci_high"]),
+            error_y=dict(type="data", symmetric=False, array=(g["nll_ci_high"] - g["text_nll_delta"]).clip(lower=0),
+                         arrayminus=(g["text_nll_delta"] - g["nll_ci_low"]).clip(lower=0), thickness=1),
+            hovertemplate="%{text}: gain %{x:+.3f}, NLL %{y:+.4f} nats/token<extra>" + lab + "</extra>"))
+    fig.add_hline(y=0, line=dict(color="grey", dash="dot"))
+    width = 640
+    fig.update_layout(title=dict(text=fit(title or "gain on the task against cost on general text", width)),
+                      xaxis_title="change in held-out accuracy (own task)",
+                      yaxis_title="change in NLL per token, general text (nats)", height=420, width=width)
+    return fig
