@@ -219,7 +219,10 @@ def _confirm(lm, sc, args, ablation) -> dict:
             "rule": f"q_value < {args.fdr:g} (exact McNemar on fixes/breaks, Benjamini-Hochberg over the top "
                     f"{len(tab)} heads of the search split) and delta_accuracy > 0",
             "min_detectable_gain": pw["min_detectable_gain"],
-            "min_detectable_gain_assumes": {k: pw[k] for k in ("power", "alpha", "break_rate")},
+            "min_detectable_gain_worst": pw["min_detectable_gain_worst"],
+            "min_detectable_gain_assumes": {k: pw[k] for k in ("power", "alpha", "break_rate", "break_rate_worst")},
+            "min_detectable_gain_note": "the confirm test alone, for heads already ranked in the top on the search "
+                                        "split; cel verdict gives the power of the whole pipeline",
             "heads": [{"head": r.head, "delta_accuracy": float(r.delta_accuracy), "fixes": int(r.fixes),
                        "breaks": int(r.breaks), "p_value": float(r.p_value), "q_value": float(r.q_value),
                        "ci_low": float(r.ci_low), "ci_high": float(r.ci_high), "confirmed": bool(r.confirmed)}

@@ -210,10 +210,14 @@ def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr:
 
 
 def confirmation_power(conf: pd.DataFrame, n_items: int, fdr: float = FDR, power: float = POWER) -> dict:
-    """How large a gain a confirmation of ``len(conf)`` heads on ``n_items`` items could find: the minimum
-    detectable gain at ``power`` for one head tested at ``fdr / len(conf)`` (BH's threshold for a lone
-    discovery) that breaks as many items as the median re-tested head (``inf`` when none is detectable)."""
+    """How large a gain the confirm test *alone* could find, for a head that has already ranked in the top
+    ``len(conf)`` on the search items: the minimum detectable gain at ``power`` for one head tested at
+    ``fdr / len(conf)`` (BH's threshold for a lone discovery), breaking nothing (``min_detectable_gain``, the best
+    case) and breaking as many items as the re-tested head that breaks most (``min_detectable_gain_worst`` at
+    ``break_rate_worst``); ``inf`` when none is detectable. The search stage is not in it: see
+    :mod:`cel_utils.power` for the power of the whole pipeline."""
     alpha = fdr / max(len(conf), 1)
-    break_rate = float(np.median(conf["breaks"])) / n_items
-    return {"min_detectable_gain": min_detectable_gain(n_items, alpha, break_rate, power), "alpha": alpha,
-            "break_rate": break_rate, "power": power}
+    worst = float(conf["breaks"].max()) / n_items if len(conf) else 0.0
+    return {"min_detectable_gain": min_detectable_gain(n_items, alpha, 0.0, power),
+            "min_detectable_gain_worst": min_detectable_gain(n_items, alpha, worst, power), "alpha": alpha,
+            "break_rate": 0.0, "break_rate_worst": worst, "power": power}

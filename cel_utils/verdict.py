@@ -136,9 +136,7 @@ class Verdict:
         the best case) and at the largest break rate among the re-tested heads (``mde_worst``), and the power of
         the whole pipeline at ``POWER_GAIN`` at that largest break rate (``pipeline_power``) and at 0
         (``pipeline_power_best``), with the sentence that states them (never "ruled out")."""
-        n = len(self.splits["confirm"])
-        b_max = float(self.confirm["breaks"].max()) / n if len(self.confirm) else 0.0
-        mde_worst = min_detectable_gain(n, self.power["alpha"], b_max, self.power["power"])
+        b_max, mde_worst = self.power["break_rate_worst"], self.power["min_detectable_gain_worst"]
         out = {"mde": self.power["min_detectable_gain"], "mde_worst": mde_worst, "break_rate_worst": b_max,
                "pipeline_power": np.nan, "pipeline_power_best": np.nan, "power_gain": POWER_GAIN,
                "power_sentence": ""}
