@@ -94,7 +94,8 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
                    n_confirm: int, n_heldout: int, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
                    alpha: float = ALPHA, gains: Sequence[float], break_rates: Sequence[float] = (0.0,),
                    confirm_others: Sequence[tuple[int, int]], heldout_others: Sequence[float] | None = None,
-                   match_spread: bool = False, n_sim: int = 2000, seed: int = 0) -> pd.DataFrame:
+                   match_spread: bool = False, n_sim: int = 2000, seed: int = 0,
+                   n_draw: int | None = None) -> pd.DataFrame:
     """Probability that a single head with accuracy gain ``g`` (breaking ``b`` of the items) would end
     *localized* -- in the top ``top_k`` on the search items, confirmed, holding on held-out items -- by the
     pipeline of :func:`cel_utils.verdict.single_head_verdict`, simulated ``n_sim`` times around the real screen.
@@ -131,6 +132,10 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
     as the true head means are estimated to (constrained Bayes, Louis 1984) and the resampling adds the noise
     once.
 
+    ``n_draw``: how many search items each simulated search draws (default ``n_s``, the screen's own): the power
+    of a search on fewer or more items, estimated from this screen (more than ``n_s`` extrapolates: the draws
+    repeat the screen's items).
+
     Columns: ``gain``, ``break_rate``, ``margin_shift`` (``d``), ``room``, ``power``, ``se``, ``p_rank``,
     ``p_confirm_given_rank``, ``p_hold_given_confirm``, ``reason``, ``n_sim``. ``reason`` says why a row is
     structural: ``g`` above the room (power 0), or ``g + b`` above it or ``b`` above the accuracy (no such
@@ -166,8 +171,9 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
     rng = np.random.default_rng(seed)
 
     # search: bootstrap counts [n_sim, n_s] -> every head's resampled mean change [n_sim, H]
-    counts = rng.multinomial(n_s, np.full(n_s, 1.0 / n_s), size=n_sim)
-    means = counts @ delta.T / n_s  # [n_sim, H]
+    m = n_s if n_draw is None else int(n_draw)
+    counts = rng.multinomial(m, np.full(n_s, 1.0 / n_s), size=n_sim)
+    means = counts @ delta.T / m  # [n_sim, H]
     host = hosts[rng.integers(0, len(hosts), n_sim)]  # [n_sim]
     host_score = means[np.arange(n_sim), host]
     means[np.arange(n_sim), host] = -np.inf  # the planted head replaces its host

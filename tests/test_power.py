@@ -214,3 +214,13 @@ def test_monotone_in_n_search():
     se = np.hypot(np.std(p[16], ddof=1), np.std(p[64], ddof=1)) / 2
     assert np.mean(p[64]) >= np.mean(p[16]) - 3 * se
     assert np.mean(p[64]) > np.mean(p[16])
+
+
+def test_fewer_or_more_items_drawn_from_one_screen():
+    """``n_draw``: a search on fewer items, estimated from the same screen, ranks the planted head less often, and
+    one on more items more often; drawing the screen's own number of items is the default."""
+    kw = _realisation(np.random.default_rng(7), 32)
+    p = {m: pipeline_power(**kw, gains=[0.08], n_sim=3000, seed=1, n_draw=m).p_rank[0] for m in (8, 32, 128)}
+    assert p[8] < p[32] < p[128]
+    assert pipeline_power(**kw, gains=[0.08], n_sim=500, seed=2).equals(
+        pipeline_power(**kw, gains=[0.08], n_sim=500, seed=2, n_draw=32))
