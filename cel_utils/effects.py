@@ -13,9 +13,9 @@ Example:
     >>> base = np.r_[np.ones(100), np.arange(100) < 50].astype(bool)      # every error is a negative review
     >>> shift = np.r_[np.arange(100) >= 20, np.arange(100) < 70].astype(bool)  # 20 negatives fixed, 20 positives broken
     >>> class_effects(labels, base, shift)["kind"]
-    'bias-like'
+    'a class loses items'
     >>> class_effects(labels, base, np.ones(200, bool))["kind"]          # every error of one class fixed, no breaks
-    'capability-like'
+    'no class loses items'
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import pandas as pd
 
 from .defaults import ALPHA, N_BOOT
 
-KINDS = ("capability-like", "bias-like", "harmful", "unclear", "none")
+KINDS = ("no class loses items", "a class loses items", "harmful", "unclear", "none")
 
 
 def item_labels(task) -> list | None:
@@ -67,10 +67,10 @@ def class_effects(labels: Sequence, base: np.ndarray, ablated: np.ndarray, n_boo
     label when not; ``delta_share`` is the change in the share of answers given as the label that gains.
     ``kind`` (decided with exact tests at ``alpha`` and the CI of the balanced-accuracy change):
 
-    * ``bias-like``: some class lost items (binomial test on its fixes and breaks) while answers moved toward
+    * ``a class loses items``: some class lost items (binomial test on its fixes and breaks) while answers moved toward
       one label (binomial test on the items whose answer label changed) or another class gained: a gain, if
       any, is a calibration shift;
-    * ``capability-like``: balanced accuracy rose (CI above 0) and no class lost items;
+    * ``no class loses items``: balanced accuracy rose (CI above 0) and no class lost items;
     * ``harmful``: balanced accuracy fell (CI below 0); ``none``: nothing changed; ``unclear``: otherwise
       (for instance a few fixes in one class: too few to call).
 
@@ -118,9 +118,9 @@ def class_effects(labels: Sequence, base: np.ndarray, ablated: np.ndarray, n_boo
     if not any(v["fixes"] or v["breaks"] for v in per.values()):
         kind = "none"
     elif losing and (shifted or gaining):
-        kind = "bias-like"
+        kind = "a class loses items"
     elif bal_lo > 0 and not losing:
-        kind = "capability-like"
+        kind = "no class loses items"
     elif bal_hi < 0:
         kind = "harmful"
     else:

@@ -178,7 +178,7 @@ def test_landscape_records(staged):
         assert z["head"] in verdicts[z["model"], z["task"]]["confirmed"].split(", ")
     kinds = {(c["task"], c["heads"]): c["kind"] for c in r["classes"]}
     assert not any(t == "addition" for t, _ in kinds)               # exact match: no classes
-    assert set(kinds.values()) <= {"capability-like", "bias-like", "harmful", "unclear", "none"}
+    assert set(kinds.values()) <= {"no class loses items", "a class loses items", "harmful", "unclear", "none"}
     sizes = {t["task"]: t for t in r["task_sizes"]}
     assert sizes["capitals"]["best_case_mde"] > sizes["addition"]["best_case_mde"] - 1e-12
 

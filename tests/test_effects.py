@@ -23,7 +23,7 @@ def test_pure_constant_shift_is_bias_like():
     assert abl.mean() > base.mean()                     # raw accuracy rises: it looks like an enhancement
     assert e["classes"]["b"]["breaks"] > 0 and e["classes"]["b"]["fixes"] == 0
     assert e["share_label"] == "a" and e["share_ci_low"] > 0
-    assert e["kind"] == "bias-like"
+    assert e["kind"] == "a class loses items"
 
 
 def test_fixing_one_class_without_breaks_is_capability_like():
@@ -31,12 +31,12 @@ def test_fixing_one_class_without_breaks_is_capability_like():
     abl = np.ones(len(base), bool)                      # every error (nearly all "a") fixed, nothing broken
     e = class_effects(labels, base, abl)
     assert e["share_ci_low"] > 0                        # the label share moves too ...
-    assert e["kind"] == "capability-like"               # ... but no class loses: not a bias shift
+    assert e["kind"] == "no class loses items"               # ... but no class loses: not a bias shift
     assert e["balanced_ci_low"] > 0
 
 
 def test_single_items_do_not_decide():
-    # five fixes in one class and one break in the other used to be called bias-like
+    # five fixes in one class and one break in the other used to be called a class loses items
     labels = ["a"] * 100 + ["b"] * 100
     base = np.r_[np.arange(100) >= 20, np.ones(100, bool)]
     abl = base.copy()
@@ -44,7 +44,7 @@ def test_single_items_do_not_decide():
     abl[150] = False
     e = class_effects(labels, base, abl)
     assert e["classes"]["b"]["p_value"] == 1.0
-    assert e["kind"] != "bias-like"
+    assert e["kind"] != "a class loses items"
 
 
 def test_balanced_and_share_by_hand():
@@ -64,7 +64,7 @@ def test_balanced_and_share_by_hand():
 def test_capability_harmful_none():
     labels = ["a"] * 50 + ["b"] * 50
     base = np.r_[np.arange(50) < 25, np.arange(50) < 25]
-    assert class_effects(labels, base, np.ones(100, bool))["kind"] == "capability-like"
+    assert class_effects(labels, base, np.ones(100, bool))["kind"] == "no class loses items"
     assert class_effects(labels, base, np.zeros(100, bool))["kind"] == "harmful"
     assert class_effects(labels, base, base)["kind"] == "none"
     with pytest.raises(ValueError):
@@ -77,7 +77,7 @@ def test_class_table_on_tasks():
     base = np.zeros(20, bool)
     abl = np.stack([np.ones(20, bool), np.zeros(20, bool)])
     tab = class_table(t, ["all right", "no change"], base, abl)
-    assert tab["kind"].tolist() == ["capability-like", "none"]
+    assert tab["kind"].tolist() == ["no class loses items", "none"]
     assert {"positive: change", "negative: change"} <= set(tab.columns)
     em = load_task("addition", n=5)
     assert item_labels(em) is None and class_table(em, ["x"], np.zeros(5, bool), np.ones((1, 5), bool)).empty
