@@ -433,3 +433,28 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
                       f"chosen ({c['heads']}) but not replicated on held-out items "
                       f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['p_holm']:.2g})")
     return row
+
+
+def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: int = 1000) -> pd.DataFrame:
+    """The power of the whole pipeline at ``POWER_GAIN`` (breaking as much as the worst re-tested head) for other
+    search designs, estimated from this verdict's own screen (:func:`cel_utils.power.pipeline_power` with
+    ``n_draw`` search items and ``top_k`` re-tested heads), beside their cost in CPU minutes scaled from this run's
+    own timings (the search screen's time per item, the confirmation's time per re-tested head). A design with
+    more search items than the screen has is ``extrapolated`` (the draws repeat its items)."""
+    n_s, k0 = len(v.splits["search"]), len(v.confirm)
+    n_c, n_h = len(v.splits["confirm"]), len(v.splits["heldout"])
+    b_max = v.power["break_rate_worst"]
+    conf_secs = v.confirm_comparison.results.seconds or 0.0
+    rows = []
+    for k in top_ks:
+        for m in n_draws:
+            t = pipeline_power(v.screen.baseline.margin[0], v.screen.results.margin,
+                               v.confirm_comparison.baseline.margin[0], n_confirm=n_c, n_heldout=n_h, top_k=k,
+                               fdr=v.fdr, alpha=ALPHA, gains=[POWER_GAIN], break_rates=[b_max],
+                               confirm_others=list(zip(v.confirm["fixes"].astype(int), v.confirm["breaks"].astype(int))),
+                               heldout_others=v.heldout["p_value"].tolist() if len(v.heldout) else None,
+                               match_spread=True, n_sim=n_sim, seed=0, n_draw=m).iloc[0]
+            rows.append({"model": v.model, "task": v.task, "n_search": m, "top_k": k, "power": t["power"],
+                         "p_rank": t["p_rank"], "cpu_minutes": (v.screen.seconds * m / n_s + conf_secs * k / k0) / 60,
+                         "extrapolated": m > n_s, "this_run": m == n_s and k == k0})
+    return pd.DataFrame(rows)
