@@ -417,6 +417,7 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
            "n_confirm": js.n_confirm, "n_heldout": js.n_heldout, "baseline": float(b["heldout_baseline"].iloc[0]),
            "chosen": None, "confirm_delta": np.nan, "heldout_delta": np.nan, "ci_low": np.nan, "ci_high": np.nan,
            "p_holm": np.nan, "holds": False, "pool_percentile": js.pool_percentile(), "mde": mde,
+           "random_pools": len(js.pool_control), "pools_better": np.nan,
            "worst_cost_task": None, "cost_delta": np.nan, "cost_ci_low": np.nan, "cost_ci_high": np.nan}
     if c is None:
         row["verdict"] = ("not detected: no best-by-search set was confirmed; one with a gain >= "
@@ -427,11 +428,16 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
                heldout_delta=float(c["heldout_delta_accuracy"]), ci_low=float(c["ci_low"]), ci_high=float(c["ci_high"]),
                p_holm=float(c["p_holm"]), holds=bool(c["holds"]))
     row.update(worst_cost(cost, c["heads"], js.task))
+    gains = js.pool_control["heldout_delta_accuracy"].to_numpy()
+    better = int((gains > c["heldout_delta_accuracy"] + 1e-12).sum())
+    row.update(random_pools=len(gains), pools_better=better)
+    pools = (f"{better} of {len(gains)} random pools put through the same pipeline chose a set with a larger "
+             f"held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool that "
+             "confirms nothing counts as 0)" if len(gains) else "no random pool was run")
     row["verdict"] = (f"localized: removing {c['heads']} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
-                      f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm p = {c['p_holm']:.2g}; the same pipeline on "
-                      f"random pools does better {100 - row['pool_percentile']:.0f}% of the time" if c["holds"] else
-                      f"chosen ({c['heads']}) but not replicated on held-out items "
-                      f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['p_holm']:.2g})")
+                      f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm p = {c['p_holm']:.2g}; {pools}" if c["holds"]
+                      else f"chosen ({c['heads']}) but not replicated on held-out items "
+                      f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['p_holm']:.2g}); {pools}")
     return row
 
 
