@@ -109,7 +109,8 @@ def execute(out: Path = CHAPTERS_DIR, only: list[str] | None = None, parameters:
 
     out.mkdir(parents=True, exist_ok=True)
     # the kernels inherit CEL_PROGRESS=0: no progress bar is left in the rendered pages
-    with mock.patch.dict(os.environ, {"CEL_PROGRESS": "0"}):
+    # and CEL_STATIC_BOOK=1: live widgets (which need a kernel to react) become a note in the static pages
+    with mock.patch.dict(os.environ, {"CEL_PROGRESS": "0", "CEL_STATIC_BOOK": "1"}):
         status = _run_all(out, only, parameters, kernel, solutions)
     return _finish(out, status)
 

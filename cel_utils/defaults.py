@@ -64,6 +64,12 @@ def candidate_rule(fdr: float = FDR) -> str:
             "Benjamini-Hochberg over screened heads) and margin_ci_low > 0")
 
 
+def static_book() -> bool:
+    """Whether the chapters are being executed for the static book (``CEL_STATIC_BOOK=1``, set by
+    ``cel_utils.book.execute``): then a live ipywidgets grid, which needs a kernel to react, is replaced by a note."""
+    return os.environ.get("CEL_STATIC_BOOK", "") == "1"
+
+
 def progress_enabled(progress: bool = True) -> bool:
     """Whether to draw a progress bar: ``progress``, unless ``CEL_PROGRESS=0`` (set while the book's chapters
     are executed, so that no bar is left in the rendered pages; a live notebook still shows them)."""

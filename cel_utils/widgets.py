@@ -23,7 +23,7 @@ from IPython.display import HTML, display
 
 from . import plots, theory, theory_plots
 from .ablation import Ablation, format_heads, head_name
-from .defaults import EXPLORER_POOL_MAX, N_BOOT
+from .defaults import EXPLORER_POOL_MAX, N_BOOT, static_book
 from .engine import evaluate
 from .scoring import encode_task
 from .search import heads_of, percentile_among
@@ -85,8 +85,14 @@ def head_toggle_grid(lm, task, heldout=None, mode: str = "zero", preset=(), max_
     """A layers x heads grid of toggle buttons: ablate any head set on the real model and see the result.
 
     Shows accuracy and mean margin against the unablated model, and which items flip (wrong -> right and
-    right -> wrong). Controls choose the ablation mode and the split (search, or held-out if given).
+    right -> wrong). Controls choose the ablation mode and the split (search, or held-out if given). In the
+    static book (:func:`cel_utils.defaults.static_book`) it shows a one-line note instead: a grid that cannot
+    react would only mislead.
     """
+    if static_book():
+        display(HTML("<p><em>The live head grid needs a running kernel: open this chapter as a notebook to toggle "
+                     "heads on the real model.</em></p>"))
+        return None
     splits = {"search": task} if heldout is None else {"search": task, "held-out": heldout}
     encs = {k: encode_task(lm, t) for k, t in splits.items()}
     ablations: dict = {}  # (split, mode) -> resolved Ablation (mean mode: that split's head means, once)
