@@ -277,3 +277,16 @@ def test_subset_explorer_follows_clicks_in_headless_chromium(explored, tmp_path)
         assert s["t"] == want["t"], s["mask"]
         assert s["p"] == [want["p"][0], want["p"][3], want["p"][4], want["p"][5]]
         assert s["rand"] == ([] if want["k"] == 0 else [str(want["k"])] if want["k"] <= 2 else [])
+
+
+def test_the_live_grid_is_a_note_in_the_static_book(tiny_llama, monkeypatch):
+    """While the book's chapters execute (CEL_STATIC_BOOK=1) the live grid, which needs a kernel to react, is a
+    one-line note; in a live notebook it is the grid."""
+    from cel_utils.tasks import load_task
+    from cel_utils.widgets import head_toggle_grid
+
+    task = load_task("ioi", n=4)
+    monkeypatch.setenv("CEL_STATIC_BOOK", "1")
+    assert head_toggle_grid(tiny_llama, task) is None
+    monkeypatch.setenv("CEL_STATIC_BOOK", "0")
+    assert head_toggle_grid(tiny_llama, task) is not None
