@@ -220,12 +220,14 @@ def spread_heads(lm, n: int) -> list[Head]:
 
 
 def benchmark(lm, task, n_plain_heads: int = 6, compressed_evals: int = 60, approx: bool = True,
-              exact_from_cache: bool = True, k: int = 10) -> dict:
+              exact_from_cache: bool = True, k: int = 10, reference: Screen | None = None) -> dict:
     """Time the plain loop and the exact engine on the same ``n_plain_heads`` heads (engine uncached), check
     they agree, and compare both approximate screens with a full exact screen.
 
-    Returns ``{"speed": {...}, "agreement": [{...} per method, exact included]}``. ``exact_from_cache``: the
-    full exact screen may come from the result cache; its ``seconds`` is then the time it took when computed.
+    Returns ``{"speed": {...}, "agreement": [{...} per method, exact included]}``. ``reference``: the exact screen
+    to compare with (e.g. the verdict's own ranking screen, read back from the result cache); else a float32
+    screen, which may come from the result cache when ``exact_from_cache`` (its ``seconds`` is then the time it
+    took when computed).
     """
     enc = encode_task(lm, task)
     spread = spread_heads(lm, n_plain_heads)
@@ -245,7 +247,8 @@ def benchmark(lm, task, n_plain_heads: int = 6, compressed_evals: int = 60, appr
              "accuracy identical": bool(np.array_equal(e.results.correct, p.results.correct))}
     agreement = []
     if approx:
-        ex = screen(lm, task, enc=enc, progress=False, result_cache=None if exact_from_cache else False)
+        ex = reference if reference is not None else screen(lm, task, enc=enc, progress=False,
+                                                             result_cache=None if exact_from_cache else False)
         for ap in (gradient_screen(lm, task, enc=enc),
                    compressed_screen(lm, task, enc=enc, n_evaluations=compressed_evals or None, seed=0,
                                      result_cache=False)):
@@ -259,3 +262,25 @@ def benchmark(lm, task, n_plain_heads: int = 6, compressed_evals: int = 60, appr
                           "n_evaluations": len(ex.heads), "cheaper_by": 1.0, "cheaper_by_forward_equivalents": 1.0,
                           "from_cache": bool(ex.meta.get("from_cache"))})
     return {"speed": speed, "agreement": agreement}
+
+
+def dtype_agreement(lm, task, heads, dtype: str = "bfloat16", k: int = 10) -> dict:
+    """The same single-head screen of ``heads`` in float32 and in ``dtype`` (:func:`cel_utils.models.cast`), side
+    by side in one process with the result cache off: the wall-time ratio, the Spearman correlation of the per-head
+    changes in mean margin, the overlap of the top ``k`` heads by it, and the unablated accuracy in each dtype."""
+    from scipy.stats import spearmanr
+
+    from .models import cast
+
+    out = {"model": lm.name, "task": task.name, "items": len(task), "heads": len(heads)}
+    tabs = {}
+    for name in ("float32", dtype):
+        m = cast(lm, name)
+        screen(m, task, heads=heads[:1], progress=False, result_cache=False)  # warm-up, not timed
+        sc = screen(m, task, heads=heads, progress=False, result_cache=False)
+        out[f"{name} s"], out[f"{name} accuracy"] = sc.seconds, float(sc.baseline.accuracy[0])
+        tabs[name] = sc.table.set_index("head")["delta_margin"]
+    a, b = tabs["float32"], tabs[dtype].loc[tabs["float32"].index]
+    out.update(ratio=out["float32 s"] / out[f"{dtype} s"], spearman=float(spearmanr(a, b).statistic),
+               top_overlap=len(set(a.nlargest(k).index) & set(b.nlargest(k).index)), top_k=k)
+    return out
