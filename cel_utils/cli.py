@@ -313,8 +313,8 @@ def cmd_verdict(args):
     for k in ("n_search", "n_confirm", "n_heldout", "top_k"):
         if getattr(args, k) < 1:
             raise CELError(f"--{k.replace('_', '-')} must be at least 1, got {getattr(args, k)}")
-    if not 0 < args.fdr < 1:
-        raise CELError(f"--fdr must be between 0 and 1, got {args.fdr}")
+    if not args.fdr > 0:
+        raise CELError(f"--fdr must be positive (1 or more confirms every re-tested head that gains), got {args.fdr}")
     if args.power_sims < 0:
         raise CELError(f"--power-sims must be at least 0, got {args.power_sims}")
     s = VerdictSettings(n_search=args.n_search, n_confirm=args.n_confirm, n_heldout=args.n_heldout, top_k=args.top_k,

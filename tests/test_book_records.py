@@ -301,3 +301,44 @@ def test_joint_search_chapter_in_mean_mode(tiny_folder, tmp_path):
     assert [p["task"] for p in r["pairs"]] == ["agreement", "sentiment"]
     for p in r["pairs"]:
         assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [1, 2]
+
+
+def test_cel_verdict_reproduces_chapter_1a(staged, tmp_path):
+    """`cel verdict` at chapter 1a's (CI) parameters gives the chapter's row for SmolLM2 / addition: the same
+    confirmed heads, chosen head, held-out figures, MDEs and pipeline power (the same simulations: same seed)."""
+    from cel_utils.cli import main
+
+    p = CI_PARAMETERS["01a_landscape"]
+    out = tmp_path / "v.json"
+    assert main(["verdict", "--model", "smollm2-135m", "--task", "addition", "--heads", p["screen_heads"],
+                 "--n-search", str(p["n_search"]), "--n-confirm", str(p["n_confirm"]), "--n-heldout",
+                 str(p["n_heldout"]), "--top-k", str(p["top_k"]), "--fdr", str(p["fdr"]), "--power-sims",
+                 str(p["power_sims"]), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())["row"]
+    want = next(v for v in record(staged, "01a_landscape")["verdict"]
+                if (v["model"], v["task"]) == ("smollm2-135m", "addition"))
+    for k in ("baseline", "confirmed", "chosen", "heldout_delta", "ci_low", "ci_high", "p_holm", "holds", "mde",
+              "mde_worst", "pipeline_power", "pipeline_power_best", "verdict"):
+        assert got[k] == (pytest.approx(want[k], nan_ok=True) if isinstance(want[k], float) else want[k]), k
+
+
+def test_capability_records(staged):
+    """Chapter 1c: every battery has the eight formats (the default first), the four ablation types, a label
+    from the list, and ran on held-out items after the ones chapter 1a graded; each tested set is a localized
+    verdict's chosen head, set, control or confirmed head, or (nothing localized) an exploratory head."""
+    from cel_utils.robust import LABELS
+
+    r, land = record(staged, "01c_capability"), record(staged, "01a_landscape")
+    assert r["batteries"] and len(r["labels"]) == len(r["batteries"])
+    for it in r["items"]:
+        assert it["start"] == land["n_heldout"] and 1 <= it["n"] <= CI_PARAMETERS["01c_capability"]["n_items"]
+    localized = {(v["model"], v["task"]): v["chosen"] for v in land["verdict"] if v["holds"]}
+    assert r["exploratory"] == (not localized)
+    for b in r["batteries"]:
+        assert [f["name"] for f in b["formats"]][0] == "default" and len(b["formats"]) == 8
+        assert set(b["ablations"]) >= {"zero", "mean", "resample"} and b["label"] in LABELS
+        assert b["sign_test"]["total"] == 8 and 0 <= b["sign_test"]["positive"] <= 8
+        if b["role"] == "chosen head":
+            assert localized[b["model"], b["task"]] == b["heads"]
+        full = b["role"] != "confirmed head"
+        assert ("constant" in b["ablations"]) == full and (b["collateral"]["text_tokens"] > 0) == full

@@ -107,7 +107,7 @@ def test_cel_verdict_matches_the_library_and_refuses_bad_input(harmful_folder, t
     for k in ("chosen", "heldout_delta", "ci_low", "ci_high", "p_holm", "mde", "mde_worst", "pipeline_power",
               "pipeline_power_best", "verdict"):
         assert d["row"][k] == pytest.approx(row[k]) if isinstance(row[k], float) else d["row"][k] == row[k], k
-    for bad, msg in [(["--top-k", "0"], "--top-k must be at least 1"), (["--fdr", "2"], "--fdr must be between"),
+    for bad, msg in [(["--top-k", "0"], "--top-k must be at least 1"), (["--fdr", "0"], "--fdr must be positive"),
                      (["--n", "5"], "not --split/--n"), (["--power-sims", "-1"], "--power-sims")]:
         capsys.readouterr()
         bad_out = tmp_path / "bad.json"
