@@ -83,3 +83,13 @@ def test_the_toc_lists_every_chapter_once():
 
     toc = book.toc_chapters()
     assert sorted(toc) == sorted(book.CHAPTERS) and len(toc) == len(set(toc))
+
+
+def test_bibliography_names_are_plain_text():
+    """Author names with LaTeX accent commands make malformed citation labels (e.g. '[JGcSimcsek+21]'): write
+    them in Unicode."""
+    import re
+
+    bib = (PKG.parent / "book" / "references.bib").read_text(encoding="utf-8")
+    authors = re.findall(r"author\s*=\s*\{(.*)\},?\s*$", bib, flags=re.M)
+    assert authors and not [a for a in authors if "\\" in a]
