@@ -53,11 +53,12 @@ class Profile:
     tokens: dict                  # promoted/suppressed on fixed items (also readable ones only), broken items, all items
     summary: dict = field(default_factory=dict)  # the numbers and the sentence
 
-    def items(self, tok) -> pd.DataFrame:
-        """One row per item: total and direct change, outcome, answer and competitor, the prompt's end."""
+    def items(self, tok, first_item: int = 0) -> pd.DataFrame:
+        """One row per item: total and direct change, outcome, answer and competitor, the prompt's end; items are
+        numbered from ``first_item`` (the number the task's first item has on the page)."""
         ex, reads = self.explanation, self.explanation.reads
         texts = lambda ids: [token_text(tok, t) for t in ids]  # noqa: E731
-        df = pd.DataFrame({"item": reads.items, "total": ex.total, "direct": ex.direct,
+        df = pd.DataFrame({"item": first_item + reads.items, "total": ex.total, "direct": ex.direct,
                            "outcome": np.where(ex.fixed, "fixed", np.where(ex.broken, "broken", "unchanged")),
                            "answer": texts(reads.answer), "competitor": texts(reads.competitor),
                            "prompt end": [tok.decode(s[-12:]) for s in reads.inputs]})
