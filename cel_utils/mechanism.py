@@ -19,6 +19,10 @@ norms recomputed): *direct path* = remove the head's clean output from the final
 path* = ablate the head, then add its clean output back to the final residual (only later layers lose it).
 The two add up to the total when the model after the head is linear.
 
+Attention at the read (:func:`attention`) is averaged over items by role (:func:`slots`): position 0 (the sink)
+apart, the read's own line counted back from the read, earlier lines each counted back from its line break; every
+item counts in every slot, so the mean weights sum to 1 (:func:`mean_attention`, :func:`attention_rows`).
+
 Example:
     >>> from cel_utils.mechanism import choose_reads, explain  # doctest: +SKIP
     >>> reads = choose_reads(lm, task)                          # doctest: +SKIP
@@ -385,20 +389,43 @@ def token_text(tok, t: int) -> str:
     return tok.decode([int(t)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
-def top_tokens(lm, head_logits: np.ndarray, rows=None, k: int = TOP_TOKENS) -> tuple[list[dict], list[dict]]:
+def readable(text: str) -> bool:
+    """Whether a token's text is shown in the book's token figures: ASCII letters only or digits only, with or
+    without leading spaces (no punctuation, whitespace, special tokens, bytes that do not decode alone, or other
+    scripts). Such a token can still be a piece of a word (``' miscon'``): the vocabulary has them.
+
+    Example:
+        >>> [readable(t) for t in (" the", "7", " 42", "adays", "'),", "\\n", "<bos>", "\ufffd", "υπ", " ")]
+        [True, True, True, True, False, False, False, False, False, False]
+    """
+    s = text.lstrip(" ")
+    return bool(s) and s.isascii() and (s.isalpha() or s.isdigit())
+
+
+def top_tokens(lm, head_logits: np.ndarray, rows=None, k: int = TOP_TOKENS, only_readable: bool = False
+               ) -> tuple[list[dict], list[dict]]:
     """The tokens the head's output promotes and suppresses most (its direct logits, centred, averaged over
-    ``rows``): two lists of ``{"token", "token_id", "mean_logit"}``."""
+    ``rows``): two lists of ``{"token", "token_id", "mean_logit"}``. With ``only_readable``, the ``k`` largest
+    among the tokens :func:`readable` accepts (special tokens never)."""
     m = head_logits if rows is None else head_logits[np.asarray(rows)]
     if len(m) == 0:
         return [], []
     mean = m.mean(0)  # [vocab]
     order = np.argsort(mean)
     tok = lm.tokenizer
+    special = set(getattr(tok, "all_special_ids", []) or [])
 
-    def rows_of(ids):
-        return [{"token": token_text(tok, i), "token_id": int(i), "mean_logit": float(mean[i])} for i in ids]
+    def pick(ids):
+        out = []
+        for i in ids:
+            if len(out) == k:
+                break
+            text = token_text(tok, i)
+            if not only_readable or (int(i) not in special and readable(text)):
+                out.append({"token": text, "token_id": int(i), "mean_logit": float(mean[i])})
+        return out
 
-    return rows_of(order[::-1][:k]), rows_of(order[:k])
+    return pick(order[::-1]), pick(order)
 
 
 @torch.no_grad()
@@ -425,41 +452,125 @@ def attention(lm, reads: Reads, heads: Sequence[Head], batch_size: int = 16) -> 
     return out
 
 
-def mean_attention(weights: list[np.ndarray]) -> np.ndarray:
-    """Average attention over reads, aligned from the read position backwards ``[max_len]`` (index -1 = the read
-    position itself); positions some reads do not have are averaged over the reads that have them."""
-    L = max(len(w) for w in weights)
-    acc, cnt = np.zeros(L), np.zeros(L)
-    for w in weights:
-        acc[L - len(w):] += w
-        cnt[L - len(w):] += 1
-    return np.divide(acc, cnt, out=np.zeros(L), where=cnt > 0)
+# ---- attention at the read, aligned by role --------------------------------------------------------------------
+# Prompts differ in length, so "the same position" has to mean the same *role*. Each position of a read's input
+# gets a slot (line, back):
+#   * the sink, SINK = (-1, 0): position 0, the first token of the input (the BOS token where the tokenizer adds
+#     one, as Gemma's does; the prompt's first token where it does not, as SmolLM2's). Many heads park attention
+#     there whatever it holds (an attention sink), so its weight is reported apart from the content positions.
+#   * the read's own line, line 0: the tokens after the last line break before the read (for a few-shot prompt,
+#     the final query and the answer written so far), counted back from the read (back 0 = the read position).
+#   * earlier lines, line g >= 1 (g lines above the read's; for a few-shot prompt, the demonstrations, g = 1 the
+#     last one), each counted back from its own last token, its line break (back 0).
+# The mean over reads averages every slot over ALL reads (a read without the slot adds 0 there), so the mean
+# weights sum to 1 like each read's own.
+SINK = (-1, 0)
 
 
-def token_at(tok, reads: Reads, back: int) -> tuple[str | None, float]:
-    """The most common token ``back`` positions before the end of the reads' inputs (``back`` 1 = the read
-    position itself) and the share of the reads that have it there (reads too short to have the position count
-    as not having it).
+def slots(tok, ids: Sequence[int]) -> list[tuple[int, int]]:
+    """The slot ``(line, back)`` of each position of one read's input (the read is its last token; see above).
+
+    Example (a character tokenizer: one token per character):
+        >>> from cel_utils.tiny import char_tokenizer
+        >>> tok = char_tokenizer()
+        >>> slots(tok, tok.encode("ab\\ncd\\nef"))
+        [(-1, 0), (2, 1), (2, 0), (1, 2), (1, 1), (1, 0), (0, 1), (0, 0)]
+    """
+    n = len(ids)
+    out = [SINK] * n
+    line, end = 0, n - 1          # the line being walked back through, and the position its ``back`` counts from
+    texts: dict[int, bool] = {}
+    for p in range(n - 1, 0, -1):
+        t = int(ids[p])
+        if p < n - 1:
+            if t not in texts:
+                texts[t] = "\n" in token_text(tok, t)
+            if texts[t]:          # a line break ends the line above the one walked so far
+                line, end = line + 1, p
+        out[p] = (line, end - p)
+    return out
+
+
+def slot_order(slot: tuple[int, int]) -> tuple:
+    """Reading order of slots: the sink, then the earliest line to the read's, each line left to right."""
+    return (slot != SINK, -slot[0], -slot[1])
+
+
+def mean_attention(weights: list[np.ndarray], read_slots: list[list[tuple[int, int]]]
+                   ) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """Mean attention per slot over all reads: ``(slots in reading order, mean weights)``; every read counts in
+    every slot (0 where it has no such position), so the means sum to 1 when each read's weights do.
 
     Example:
-        >>> token_at(lm.tokenizer, reads, 1)       # doctest: +SKIP
+        >>> w = [np.array([0.5, 0.5]), np.array([0.2, 0.3, 0.5])]
+        >>> s = [[SINK, (0, 0)], [SINK, (0, 1), (0, 0)]]
+        >>> keys, mean = mean_attention(w, s)
+        >>> keys, mean.round(2).tolist()
+        ([(-1, 0), (0, 1), (0, 0)], [0.35, 0.15, 0.5])
+    """
+    acc: dict[tuple[int, int], float] = {}
+    for w, s in zip(weights, read_slots, strict=True):
+        if len(w) != len(s):
+            raise CELError(f"attention over {len(w)} positions but {len(s)} slots")
+        for x, key in zip(w, s):
+            acc[key] = acc.get(key, 0.0) + float(x)
+    keys = sorted(acc, key=slot_order)
+    return keys, np.array([acc[k] / len(weights) for k in keys])
+
+
+def slot_token(tok, reads: Reads, read_slots: list[list[tuple[int, int]]], slot: tuple[int, int]
+               ) -> tuple[str | None, float]:
+    """The most common token in ``slot`` over the reads, and the share of ALL reads that have it there (reads
+    without the slot count as not having it).
+
+    Example:
+        >>> slot_token(lm.tokenizer, reads, [slots(lm.tokenizer, s) for s in reads.inputs], (0, 0))  # doctest: +SKIP
         (' =', 1.0)
     """
-    ids = [int(s[-back]) for s in reads.inputs if len(s) >= back]
+    ids = [int(s[i]) for s, sl in zip(reads.inputs, read_slots) for i, k in enumerate(sl) if k == slot]
     if not ids:
         return None, 0.0
     tid, count = Counter(ids).most_common(1)[0]
     return token_text(tok, tid), count / len(reads.inputs)
 
 
-def attention_rows(tok, reads: Reads, weights: list[np.ndarray], last: int | None = None) -> list[dict]:
-    """Mean attention by position counted back from the read position (``token_position`` -1 is the read
-    position itself), with the most common token there and the share of reads that have it: ``[{"token_position",
-    "token", "token_share", "mean_weight"}]``, the ``last`` positions only when given."""
-    mean = mean_attention(weights)
-    L = len(mean)
+def slot_words(slot: tuple[int, int]) -> str:
+    """Where a slot is, in words.
+
+    Example:
+        >>> [slot_words(s) for s in (SINK, (0, 0), (0, 2), (1, 0), (2, 3))]  # doctest: +NORMALIZE_WHITESPACE
+        ['the first token of the prompt', 'the read position itself', '2 positions before the read',
+         "the line break ending the line above the read's", "3 positions before the end of the line 2 above the read's"]
+    """
+    line, back = slot
+    if slot == SINK:
+        return "the first token of the prompt"
+    if line == 0:
+        return "the read position itself" if back == 0 else f"{back} position{'s' if back > 1 else ''} before the read"
+    above = "the line above the read's" if line == 1 else f"the line {line} above the read's"
+    return f"the line break ending {above}" if back == 0 else \
+        f"{back} position{'s' if back > 1 else ''} before the end of {above}"
+
+
+def slot_label(slot: tuple[int, int]) -> str:
+    """A short axis label for a slot: ``sink``, ``read``, ``read-2``, ``line-1 end``, ``line-2 end-3``."""
+    line, back = slot
+    if slot == SINK:
+        return "sink"
+    if line == 0:
+        return "read" if back == 0 else f"read-{back}"
+    return f"line-{line} end" + (f"-{back}" if back else "")
+
+
+def attention_rows(tok, reads: Reads, weights: list[np.ndarray]) -> list[dict]:
+    """Mean attention at the read position per slot (see above), in reading order, with the most common token
+    there and the share of reads that have it: ``[{"line", "back", "sink", "where", "token", "token_share",
+    "mean_weight"}]``; the ``mean_weight`` column sums to 1."""
+    read_slots = [slots(tok, s) for s in reads.inputs]
+    keys, mean = mean_attention(weights, read_slots)
     rows = []
-    for j in range(L):
-        text, share = token_at(tok, reads, L - j)
-        rows.append({"token_position": j - L, "token": text, "token_share": share, "mean_weight": float(mean[j])})
-    return rows if last is None else rows[-last:]
+    for key, m in zip(keys, mean):
+        text, share = slot_token(tok, reads, read_slots, key)
+        rows.append({"line": key[0], "back": key[1], "sink": key == SINK, "where": slot_words(key), "token": text,
+                     "token_share": share, "mean_weight": float(m)})
+    return rows

@@ -120,43 +120,84 @@ def effect_distribution(table: pd.DataFrame, value: str = "delta_margin", title:
 def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldout_delta",
                       label: str = "head", title: str | None = None,
                       err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high",
-                      n_labels: int = 5, baseline: str = "baseline_accuracy") -> go.Figure:
-    """Scatter of a gain on the search split against the same gain on held-out items, with the diagonal.
+                      n_labels: int = 5, baseline: str = "baseline_accuracy", diagonal: bool | None = None,
+                      width: int = 720, height: int = 440) -> go.Figure:
+    """Scatter of a gain on the search split (or the metric that ranked the heads there, e.g.
+    ``x="search_delta_margin"``) against the gain on held-out items, with the diagonal when both axes measure the
+    same thing (``diagonal=None``: both or neither column names a margin).
 
-    At most ``n_labels`` points are labelled, the largest held-out changes first and none whose label would
-    overlap another's (every point has its name on hover); CIs are clipped to what a change in accuracy can
-    be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else ``[-1, 1]``)."""
+    At most ``n_labels`` points are labelled, the largest held-out changes first, each where its text box covers
+    no other label and no other point (the figure has a fixed size and fixed axis ranges, so boxes are placed in
+    pixels); a point with no free place keeps its name on hover only. CIs are clipped to what a change in
+    accuracy can be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else ``[-1, 1]``)."""
     df = df.reset_index(drop=True)
-    kw = {}
+    xs, ys = df[x].astype(float).to_numpy(), df[y].astype(float).to_numpy()
+    kw, y_ext = {}, [ys]
     if err_low and err_low in df and err_high in df:
         bounds = (-df[baseline], 1 - df[baseline]) if baseline in df else (-1.0, 1.0)
         kw["error_y"] = clipped_bars(df[y], df[err_low], df[err_high], bounds)
-    # label the largest changes first, each above or below its point, running right or left, wherever its box
-    # (in shares of the plot) overlaps no label placed before it; a point with no free place is not labelled
-    lo = float(min(df[x].min(), df[y].min(), 0)) - 0.02      # both axes span [lo, hi] (the diagonal)
-    hi = float(max(df[x].max(), df[y].max(), 0)) + 0.02
-    nx, ny = (df[x].astype(float) - lo) / (hi - lo), (df[y].astype(float) - lo) / (hi - lo)
+        e = kw["error_y"]
+        y_ext += [ys + np.asarray(e["array"], float), ys - np.asarray(e["arrayminus"], float)]
+    if diagonal is None:
+        diagonal = ("margin" in x) == ("margin" in y)
+
+    def span(*arrays):
+        v = np.concatenate([np.ravel(a) for a in arrays] + [[0.0]])
+        v = v[np.isfinite(v)]
+        lo, hi = float(v.min()), float(v.max())
+        pad = 0.06 * (hi - lo) or 0.05
+        return lo - pad, hi + pad
+
+    if diagonal:   # both axes span the same range: the diagonal is at 45 degrees
+        xr = yr = span(xs, *y_ext)
+    else:
+        xr, yr = span(xs), span(*y_ext)
+    margin = dict(l=70, r=30, t=70, b=60)
+    pw, ph = width - margin["l"] - margin["r"], height - margin["t"] - margin["b"]
+    px = (xs - xr[0]) / (xr[1] - xr[0]) * pw            # pixels from the plot area's left
+    py = (ys - yr[0]) / (yr[1] - yr[0]) * ph            # pixels from its bottom
+    names = df[label].astype(str).tolist()
+    font, char_w, line_h, r = 11, 6.6, 15, 7   # px: label font, a generous character width, line height, and
+    # plotly's offset of a label from its marker's centre (size 9), sideways and up or down
+
+    def boxes(x0, y0, n):   # the box (x0, y0, x1, y1), y up, a label of n characters takes at each textposition
+        w, h = char_w * n, line_h
+        return {"top right": (x0 + r, y0 + r, x0 + r + w, y0 + r + h),
+                "bottom right": (x0 + r, y0 - r - h, x0 + r + w, y0 - r),
+                "top left": (x0 - r - w, y0 + r, x0 - r, y0 + r + h),
+                "bottom left": (x0 - r - w, y0 - r - h, x0 - r, y0 - r),
+                "middle right": (x0 + r, y0 - h / 2, x0 + r + w, y0 + h / 2),
+                "middle left": (x0 - r - w, y0 - h / 2, x0 - r, y0 + h / 2)}
+
+    def clash(a, b):
+        return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
+
+    # the largest held-out changes first, each at the first place inside the plot whose box covers no label
+    # placed before it and no other point
+    dots = [(px[j] - r, py[j] - r, px[j] + r, py[j] + r) for j in range(len(df))]
     placed, pos = [], {}
-    for i in df[y].abs().sort_values(ascending=False).index[:4 * n_labels]:
-        w = 6.5 * len(str(df.at[i, label])) / 700            # the label's width as a share of the plot's
-        for v, h in (("top", "right"), ("bottom", "right"), ("top", "left"), ("bottom", "left")):
-            x0 = nx[i] if h == "right" else nx[i] - w
-            cy = ny[i] + (0.05 if v == "top" else -0.05)
-            if len(pos) < n_labels and 0 <= x0 and x0 + w <= 1 and all(
-                    x0 + w < a0 or x0 > a0 + aw or abs(cy - ay) > 0.07 for a0, aw, ay in placed):
-                placed.append((x0, w, cy))
-                pos[i] = f"{v} {h}"
+    for i in np.argsort(-np.abs(ys), kind="stable"):
+        if len(pos) == n_labels:
+            break
+        for where, box in boxes(px[i], py[i], len(names[i])).items():
+            if box[0] >= 0 and box[1] >= 0 and box[2] <= pw and box[3] <= ph and \
+                    not any(clash(box, b) for b in placed) and \
+                    not any(clash(box, d) for j, d in enumerate(dots) if j != i):
+                placed.append(box)
+                pos[int(i)] = where
                 break
-    text = [df.at[i, label] if i in pos else "" for i in df.index]
-    pos = [pos.get(i, "top right") for i in df.index]
-    fig = go.Figure(go.Scatter(x=df[x], y=df[y], mode="markers+text", text=text, textposition=pos,
-                               hovertext=df[label], textfont=dict(size=11), marker=dict(size=9),
+    text = [names[i] if i in pos else "" for i in range(len(df))]
+    fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+text", text=text,
+                               textposition=[pos.get(i, "top right") for i in range(len(df))],
+                               hovertext=names, textfont=dict(size=font), marker=dict(size=9),
                                hovertemplate="%{hovertext}<br>%{x:+.3f}, %{y:+.3f}<extra></extra>", **kw))
-    fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(dash="dash", color="grey"),
-                             name="held-out = search", hoverinfo="skip"))
+    if diagonal:
+        fig.add_trace(go.Scatter(x=list(xr), y=list(yr), mode="lines", line=dict(dash="dash", color="grey"),
+                                 name="held-out = search", hoverinfo="skip"))
     fig.add_hline(y=0, line_color="lightgrey")
     fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=_label(x),
-                      yaxis_title=_label(y), showlegend=False, height=440)
+                      yaxis_title=_label(y), showlegend=False, width=width, height=height, margin=margin,
+                      xaxis=dict(range=list(xr)), yaxis=dict(range=list(yr)))
     return fig
 
 
@@ -184,8 +225,11 @@ def search_trajectory(js, title: str | None = None) -> go.Figure:
                         marker=dict(symbol="x", size=10), text=g["heads"],
                         hovertemplate="%{text}<extra>greedy</extra>")
     fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
+    sizes = sorted(int(k) for k in b["size"].unique())   # a count of heads: whole-number ticks only
     fig.update_layout(title=title or f"{js.model} · {js.task}: best set of each size on the three splits",
-                      xaxis_title="heads ablated together", yaxis_title="change in accuracy", height=380)
+                      xaxis=dict(title="heads ablated together", tickmode="array", tickvals=sizes,
+                                 ticktext=[str(k) for k in sizes]),
+                      yaxis_title="change in accuracy", height=380)
     return fig
 
 
@@ -222,24 +266,37 @@ def random_control_figure(js, title: str | None = None) -> go.Figure:
 
 
 def interaction(js, title: str | None = None) -> go.Figure:
-    """For each best-by-search set of two or more heads: its change in held-out mean margin against the sum of
-    its members' single changes, with the 95% CI of the difference (the diagonal: additive)."""
+    """For each best-by-search set of two or more heads: its change in held-out mean margin (y) against the sum of
+    its members' single changes (x), labelled with its heads, with the 95% CI of the interaction (joint - sum)
+    drawn around the joint change; the diagonal is "additive". Both axes span one range that holds every point,
+    every CI and 0, so a single set reads as clearly as many: above the diagonal its heads help more together
+    than apart, below it less."""
     b = js.best[js.best["size"] >= 2]
     fig = go.Figure()
     if len(b):
-        joint = b["heldout_delta_margin"]
+        joint = b["heldout_delta_margin"].astype(float)
         summed = joint - b["interaction"]
-        fig.add_scatter(x=summed, y=joint, mode="markers", text=b["heads"], name="best set of its size",
+        v = np.concatenate([summed, joint, summed + b["interaction_ci_low"], summed + b["interaction_ci_high"], [0.0]])
+        lo, hi = float(v.min()), float(v.max())
+        pad = 0.1 * (hi - lo) or 0.1
+        lo, hi = lo - pad, hi + pad
+        fig.add_scatter(x=summed, y=joint, mode="markers+text", name="best set of its size",
+                        text=[f"{h} ({int(k)} heads)" for h, k in zip(b["heads"], b["size"])],
+                        textposition="middle right", cliponaxis=False, marker=dict(size=10, color="#c0392b"),
+                        customdata=np.stack([b["interaction"], b["interaction_ci_low"], b["interaction_ci_high"]], 1),
                         error_y=dict(type="data", array=b["interaction_ci_high"] - b["interaction"],
                                      arrayminus=b["interaction"] - b["interaction_ci_low"], visible=True),
-                        hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<extra></extra>")
-        lo, hi = float(min(summed.min(), joint.min(), 0)), float(max(summed.max(), joint.max(), 0))
+                        hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<br>interaction %{customdata[0]:+.3f} "
+                                      "[%{customdata[1]:+.3f}, %{customdata[2]:+.3f}]<extra></extra>")
     else:
         lo, hi = -1.0, 1.0
-    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"), name="additive")
+        fig.add_annotation(text="no set of two or more heads", x=0, y=0, showarrow=False)
+    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"),
+                    name="additive (joint = sum)")
     fig.update_layout(title=title or f"{js.model} · {js.task}: do single-head effects add up? (held-out margins)",
-                      xaxis_title="sum of single-head changes in mean margin", yaxis_title="joint change in mean margin",
-                      height=400)
+                      xaxis=dict(title="sum of single-head changes in mean margin", range=[lo, hi], zeroline=True),
+                      yaxis=dict(title="joint change in mean margin", range=[lo, hi], zeroline=True),
+                      width=620, height=460, margin=dict(r=170), legend=dict(orientation="h", y=-0.2))
     return fig
 
 
@@ -355,9 +412,12 @@ def path_split(summary: pd.DataFrame, title: str | None = None) -> go.Figure:
 
 
 def token_bars(promoted: list[dict], suppressed: list[dict], title: str | None = None) -> go.Figure:
-    """The tokens a head's output raises and lowers most (its direct logits, centred, averaged over items)."""
+    """The tokens a head's output raises and lowers most (its direct logits, centred, averaged over items); token
+    texts are HTML-escaped so that plotly shows ``'<bos>'`` instead of dropping it as a tag."""
+    from html import escape
+
     rows = list(reversed(suppressed)) + list(reversed(promoted))
-    names = [repr(r["token"]) for r in rows]
+    names = [escape(repr(r["token"]), quote=False) for r in rows]
     vals = [r["mean_logit"] for r in rows]
     fig = go.Figure(go.Bar(x=vals, y=list(range(len(rows))), orientation="h",
                            marker_color=["#d62728" if v < 0 else "#2ca02c" for v in vals],
@@ -368,15 +428,20 @@ def token_bars(promoted: list[dict], suppressed: list[dict], title: str | None =
     return fig
 
 
-def attention_map(z, x_labels: list[str], y_labels: list[str], title: str | None = None) -> go.Figure:
-    """Attention at the read position: rows (heads, or items) by the last prompt positions (labelled with
-    tokens), on one scale from 0 to 1."""
+def attention_map(z, x_labels: list[str], y_labels: list[str], title: str | None = None,
+                  x_title: str = "position, aligned by role (sink: the prompt's first token; read-k: k positions "
+                                 "before the read; line-g end-k: k before the end of the g-th line above)"
+                  ) -> go.Figure:
+    """Attention at the read position: rows (heads, or items) by positions (labelled with their role and token,
+    see :func:`cel_utils.explanation.attention_panel`), on one scale from 0 to 1; blank cells: no such position."""
     fig = go.Figure(go.Heatmap(z=z, x=list(range(len(x_labels))), y=list(range(len(y_labels))), zmin=0, zmax=1,
-                               colorscale="Blues", colorbar=dict(title="attention")))
-    fig.update_xaxes(tickvals=list(range(len(x_labels))), ticktext=x_labels, tickangle=0)
+                               colorscale="Blues", colorbar=dict(title="attention"), hoverongaps=False,
+                               text=[["" if np.isnan(v) else f"{v:.2f}" for v in row] for row in np.asarray(z, float)],
+                               texttemplate="%{text}"))
+    fig.update_xaxes(tickvals=list(range(len(x_labels))), ticktext=x_labels, tickangle=-30)
     fig.update_yaxes(tickvals=list(range(len(y_labels))), ticktext=y_labels, autorange="reversed")
-    fig.update_layout(title=fit(title or "", 760), width=800, height=140 + 26 * len(y_labels),
-                      xaxis_title="prompt tokens before the read (the last is the read position)")
+    fig.update_layout(title=fit(title or "", 760), width=800, height=200 + 26 * len(y_labels),
+                      xaxis_title=fit(x_title, 760, 12))
     return fig
 
 

@@ -25,16 +25,20 @@ import pandas as pd
 # words in column names that read better spelled out; everything else: underscores become spaces
 WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "dacc": "change in accuracy",
          "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%", "kv": "key/value"}
+SPLITS = {"search": "search split", "confirm": "confirm split", "held-out": "held-out", "explore": "explore split"}
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction")
 
 
 def header(name: str) -> str:
-    """A readable column header: ``delta_accuracy`` -> ``change in accuracy``, ``p_holm`` -> ``p (Holm)``."""
+    """A readable column header: ``delta_accuracy`` -> ``change in accuracy``, ``p_holm`` -> ``p (Holm)``,
+    ``search_delta_margin`` -> ``change in mean margin, search split``."""
     special = {"p_holm": "p (Holm)", "q_value": "q (BH)", "p_value": "p", "ci_low": "95% CI",
                "delta_margin": "change in mean margin"}
     if name in special:
         return special[name]
     words = str(name).replace("heldout", "held-out").split("_")
+    if words[1:] == ["delta", "margin"] and words[0] in SPLITS:   # search_delta_margin: a figure's ranking axis
+        return f"change in mean margin, {SPLITS[words[0]]}"
     if len(words) > 1 and words[-1] == "delta":  # heldout_delta -> held-out change
         return " ".join(words[:-1]) + " change"
     if words[-2:] == ["ci", "low"]:                # together_ci_low -> together 95% CI

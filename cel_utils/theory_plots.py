@@ -33,7 +33,9 @@ def theory_loss(run, single_head_loss: float | None = None, index: int = 0) -> g
 
 
 def theory_heads(run, index: int = 0) -> go.Figure:
-    """Per head: attention mass on each token type, and the C weight kappa_h, over training."""
+    """Per head: attention mass on each token type, and the C weight kappa_h, over training. Every head's panels
+    share one y-scale per row (attention mass on [0, 1], kappa on one range that holds every head's curve), so a
+    head that carries little of C looks flat beside the one that carries it."""
     from plotly.subplots import make_subplots
 
     H = run.n_heads
@@ -49,8 +51,14 @@ def theory_heads(run, index: int = 0) -> go.Figure:
         fig.add_trace(go.Scatter(x=steps, y=run.history["kappa"][:, index, h], mode="lines",
                                  line=dict(color="black"), name="kappa_h (C weight)", legendgroup="k",
                                  showlegend=h == 0), row=2, col=h + 1)
+    k = run.history["kappa"][:, index]   # [step, head]
+    lo, hi = min(float(k.min()), 0.0), max(float(k.max()), 0.0)
+    pad = 0.05 * (hi - lo) or 0.05
+    for h in range(H):
+        fig.update_yaxes(range=[-0.02, 1.02], row=1, col=h + 1)
+        fig.update_yaxes(range=[lo - pad, hi + pad], row=2, col=h + 1)
     fig.update_yaxes(title_text="attention mass", row=1, col=1)
-    fig.update_yaxes(title_text="kappa_h", row=2, col=1)
+    fig.update_yaxes(title_text="kappa_h (same scale for every head)", row=2, col=1)
     fig.update_layout(title="what each head attends to, and its weight on the conflicting token C",
                       height=520, legend=dict(orientation="h", y=-0.15))
     return fig

@@ -212,11 +212,12 @@ def test_cel_explain_writes_the_schema(tiny_folder, tmp_path, capsys):
     assert d["direct_share"] is None or 0 <= d["direct_share"] <= 1
     vocab = set(json.loads(open(f"{folder}/tokenizer.json").read())["model"]["vocab"])
     assert all(p["token"] in vocab for p in d["promoted"] + d["suppressed"])
-    # positions counted back from the read; each read's weights sum to 1, and a position some reads lack is
-    # averaged over fewer reads, so the means sum to at least 1
+    # slots by role, the sink first and the read last; every read counts in every slot, so the means sum to 1
     att = d["attention"]
-    assert [a["token_position"] for a in att] == list(range(-len(att), 0))
-    assert all(0 <= a["mean_weight"] <= 1 for a in att) and sum(a["mean_weight"] for a in att) >= 1 - 1e-6
+    assert att[0]["sink"] and (att[0]["line"], att[0]["back"]) == (-1, 0) and not any(a["sink"] for a in att[1:])
+    assert (att[-1]["line"], att[-1]["back"]) == (0, 0) and att[-1]["where"] == "the read position itself"
+    assert all(0 <= a["mean_weight"] <= 1 for a in att) and abs(sum(a["mean_weight"] for a in att) - 1) < 1e-6
+    assert d["sink_weight"] == pytest.approx(att[0]["mean_weight"])
     assert d["total_delta_margin"] == pytest.approx(np.mean([i["total_delta_margin"] for i in d["items"]]))
     # bad input: one line, exit 2, nothing written
     bad = tmp_path / "bad.json"
@@ -247,7 +248,8 @@ def test_describe_reads_the_numbers():
     output mattered on the items its removal fixes, and in which direction."""
     base = {"head": "L3H1", "task": "addition", "n_items": 100, "n_fixed": 19, "n_broken": 1,
             "total_delta_margin": 1.39, "direct_delta_margin": 0.003, "mediator": "L29.mlp", "mediator_change": 0.38,
-            "fixed_total": 2.5, "top_attended": "' ='", "top_weight": 0.41}
+            "fixed_total": 2.5, "sink_token": "9", "sink_share": 1.0, "sink_weight": 0.29,
+            "top_where": "1 position before the read", "top_token": " =", "top_share": 1.0, "top_weight": 0.41}
     indirect = E.describe(dict(base, direct_share=0.002, fixed_direct=-0.04))
     assert "; under 1% of its effect is direct" in indirect and "largest single part through L29.mlp (+0.38" in indirect
     assert "rises by 2.50 on average, though the head's own output favoured the answer (by 0.04)" in indirect
@@ -256,16 +258,155 @@ def test_describe_reads_the_numbers():
     assert "1.90 of it because the head's own output, which favoured the competitor, is gone" in direct
     assert "L29.mlp" not in direct and "weight 0.41" in direct
     assert "rises by" not in E.describe(dict(base, n_fixed=0, direct_share=None, fixed_direct=0.0))
+    # the sink apart, then the content position, with the share of items that have its token when not all do
+    assert "it puts 0.29 of its attention on the first token of the prompt ('9'), the attention sink position; " \
+           "of the rest, most on ' =', 1 position before the read, mean weight 0.41" in direct
+    varied = E.describe(dict(base, direct_share=0.7, fixed_direct=1.9, top_share=0.43, top_token=" "))
+    assert "most on 1 position before the read (where 43% of items have ' '), mean weight 0.41" in varied
 
 
-def test_token_at_counts_the_items_that_have_the_token_there():
-    """The label of a position counted back from the read: the most common token there, and the share of all
-    reads (short ones included) that have it."""
+def test_slot_token_counts_the_items_that_have_the_token_there():
+    """The label of a slot: the most common token there, and the share of all reads (those without the slot
+    included) that have it."""
     from types import SimpleNamespace
 
     tok = SimpleNamespace(decode=lambda ids, **kw: f"<{ids[0]}>")
     reads = SimpleNamespace(inputs=[[5, 6, 7], [1, 6, 7], [9, 7], [4, 3, 8, 7]])
-    assert M.token_at(tok, reads, 1) == ("<7>", 1.0)
-    assert M.token_at(tok, reads, 2) == ("<6>", 0.5)
-    assert M.token_at(tok, reads, 4) == ("<4>", 0.25)
-    assert M.token_at(tok, reads, 5) == (None, 0.0)
+    read_slots = [M.slots(tok, s) for s in reads.inputs]
+    assert M.slot_token(tok, reads, read_slots, (0, 0)) == ("<7>", 1.0)
+    assert M.slot_token(tok, reads, read_slots, (0, 1)) == ("<6>", 0.5)
+    assert M.slot_token(tok, reads, read_slots, (0, 2)) == ("<3>", 0.25)  # position 0 is the sink, not (0, 2)
+    assert M.slot_token(tok, reads, read_slots, M.SINK) == ("<5>", 0.25)
+    assert M.slot_token(tok, reads, read_slots, (0, 3)) == (None, 0.0)
+
+
+def test_slots_align_few_shot_prompts_by_role():
+    """Lines of different lengths: the read's line counts back from the read, each earlier line from its line
+    break, and position 0 is the sink; the same role gets the same slot in every prompt."""
+    from cel_utils.tiny import char_tokenizer
+
+    tok = char_tokenizer()
+    a, b = "1+2=3\n10+20=30\n5+6=1", "11+22=33\n1+2=3\n55+66=12"
+    sa, sb = M.slots(tok, tok.encode(a)), M.slots(tok, tok.encode(b))
+    assert sa[0] == sb[0] == M.SINK and M.SINK not in sa[1:] + sb[1:]
+    assert sa[-1] == sb[-1] == (0, 0)                                   # the read (an answer digit)
+    assert sa[a.rindex("=")] == (0, 1) and sb[b.rindex("=")] == (0, 2)  # the query's '=' (answers of 1 and 2 digits)
+    # the last demonstration's line break and answer digits, the first demonstration's line break
+    assert sa[a.rindex("\n")] == sb[b.rindex("\n")] == (1, 0)
+    assert sa[a.rindex("\n") - 1] == sb[b.rindex("\n") - 1] == (1, 1)
+    assert sa[a.index("\n")] == sb[b.index("\n")] == (2, 0)
+    assert sa[1] == (2, 4) and sb[1] == (2, 7)                          # the first line's second token
+
+
+def _multiline_task(n: int = 10) -> Task:
+    """Few-shot-like items whose prompts differ in length and number of lines."""
+    rng = random.Random(1)
+    items = []
+    for i in range(n):
+        demos = "".join(f"{rng.randint(1, 99)}+{rng.randint(1, 99)}=x\n" for _ in range(rng.randint(0, 2)))
+        items.append({"prompt": demos + "".join(rng.choice("abcdef") for _ in range(rng.randint(2, 7))) + "=",
+                      "choices": [" x", " yz"], "answer": i % 2})
+    return Task(name="lines", kind="mc", items=items, split=None, seed=0, description="", metric="accuracy")
+
+
+def test_mean_attention_sums_to_one_on_prompts_of_different_lengths(tiny_llama):
+    """A real head's mean attention by role over reads of different lengths and line counts: every read counts in
+    every slot, so the mean weights sum to 1 (averaging a slot over only the reads that have it would not)."""
+    reads = M.choose_reads(tiny_llama, _multiline_task())
+    assert len({len(s) for s in reads.inputs}) > 3                      # lengths differ
+    assert len({sum(tiny_llama.tokenizer.decode([t]) == "\n" for t in s) for s in reads.inputs}) > 1
+    w = M.attention(tiny_llama, reads, [(1, 3)])[(1, 3)]
+    read_slots = [M.slots(tiny_llama.tokenizer, s) for s in reads.inputs]
+    keys, mean = M.mean_attention(w, read_slots)
+    assert abs(mean.sum() - 1) < 1e-6 and keys[0] == M.SINK and keys[-1] == (0, 0)
+    assert len(keys) == len(set(keys))
+    rows = M.attention_rows(tiny_llama.tokenizer, reads, w)
+    assert abs(sum(r["mean_weight"] for r in rows) - 1) < 1e-6
+    # each slot's mean is its total weight over all reads divided by the number of reads
+    k = (0, 5)
+    total = sum(float(x) for wi, si in zip(w, read_slots) for x, s in zip(wi, si) if s == k)
+    assert any(k not in si for si in read_slots)                        # some reads lack the slot
+    assert mean[keys.index(k)] == pytest.approx(total / len(reads))
+
+
+def _planted_sink(monkeypatch, sink=0.5, content=0.3, back=2):
+    """Make every head attend ``sink`` to position 0 and ``content`` to ``back`` positions before the read, the
+    rest spread evenly (the profile's attention pass only)."""
+    def planted(lm, reads, heads, batch_size=16):
+        out = {}
+        for h in heads:
+            ws = []
+            for s in reads.inputs:
+                w = np.full(len(s), (1 - sink - content) / (len(s) - 2))
+                w[0], w[len(s) - 1 - back] = sink, content
+                ws.append(w)
+            out[h] = ws
+        return out
+    monkeypatch.setattr(E, "attention", planted)
+
+
+def test_a_sink_head_is_reported_as_a_sink_and_its_content_position_is_the_next_largest(tiny_llama, monkeypatch):
+    """A head that puts most of its attention on the first token: the sentence names it as the sink with its
+    weight, and names the next-largest position as where it attends; the figure's columns hold both, with the
+    sentence's token as the label."""
+    _planted_sink(monkeypatch)
+    task = _task("em")
+    p = E.profile(tiny_llama, task, (2, 1), control=(2, 0))
+    s = p.summary
+    assert s["sink_weight"] == pytest.approx(0.5) and s["top_slot"] == [0, 2]
+    assert s["top_weight"] == pytest.approx(0.3) and s["top_where"] == "2 positions before the read"
+    assert "it puts 0.50 of its attention on the first token of the prompt" in s["sentence"]
+    named = s["sentence"][s["sentence"].index("; of the rest, most on"):]
+    assert "2 positions before the read" in named and E.shown(s["top_token"]) in named
+    assert named.endswith("mean weight 0.30.")
+    # the figure: a window of the last position only still holds the sink and the position the sentence names
+    panel = E.attention_panel(p, tiny_llama.tokenizer, n_positions=1, n_rows=3)
+    assert panel["slots"] == [M.SINK, (0, 2), (0, 0)]
+    assert panel["x_labels"][1].startswith("read-2: " + E.shown(s["top_token"]))
+    assert panel["x_labels"][0].startswith("sink: ")
+    np.testing.assert_allclose(panel["z"][0, :2], [0.5, 0.3])
+    assert panel["y_labels"][:2] == ["L2H1, mean", "L2H0 (control), mean"]
+    # cel explain's record names the same slot, and its rows sum to 1
+    rec = p.record(tiny_llama.tokenizer)
+    top = max((r for r in rec["attention"] if not r["sink"]), key=lambda r: r["mean_weight"])
+    assert [top["line"], top["back"]] == rec["top_slot"] and top["where"] == rec["top_where"]
+    assert abs(sum(r["mean_weight"] for r in rec["attention"]) - 1) < 1e-6
+
+
+def test_the_sentence_escapes_tokens_for_markdown():
+    """A token like '<bos>' is written so that Markdown shows it instead of swallowing it as an HTML tag."""
+    s = {"head": "L1H2", "task": "t", "n_items": 4, "n_fixed": 0, "n_broken": 0, "direct_share": None,
+         "sink_token": "<bos>", "sink_share": 1.0, "sink_weight": 0.6, "top_where": "the read position itself",
+         "top_token": "<eos>", "top_share": 1.0, "top_weight": 0.1}
+    text = E.describe(s)
+    assert "<bos>" not in text and "<eos>" not in text
+    assert "('&lt;bos&gt;')" in text and "most on '&lt;eos&gt;', the read position itself" in text
+
+
+def test_unused_heldout_starts_after_the_graded_items():
+    """Chapter 2a's items: the held-out split's items after the first ``start`` (which chapter 1a graded), no
+    overlap with them, clipped at the split's end; an empty tail is an error."""
+    from cel_utils.errors import CELError
+    from cel_utils.tasks import load_task
+
+    held = load_task("agreement_rc", "heldout")
+    tail = E.unused_heldout("agreement_rc", 200, 100)
+    assert tail.items == held.items[200:300] and tail.split == "heldout"
+    assert not {it["key"] for it in tail.items} & {it["key"] for it in held.items[:200]}
+    assert len(E.unused_heldout("agreement_rc", len(held.items) - 7, 100).items) == 7
+    with pytest.raises(CELError, match="none after the first"):
+        E.unused_heldout("agreement_rc", len(held.items), 10)
+
+
+def test_readable_top_tokens_are_the_largest_readable_ones(tiny_llama):
+    """``only_readable``: the k tokens of largest (smallest) mean direct logit among letters-or-digits tokens,
+    in order; without it a punctuation token is among the top ones here (the filter does something)."""
+    ex = M.explain(tiny_llama, _task("em"), (2, 1))
+    mean = ex.head_logits.mean(0)
+    tok = tiny_llama.tokenizer
+    ok = [i for i in range(len(mean)) if i not in tok.all_special_ids and M.readable(M.token_text(tok, i))]
+    promoted, suppressed = M.top_tokens(tiny_llama, ex.head_logits, k=5, only_readable=True)
+    assert [p["token_id"] for p in promoted] == sorted(ok, key=lambda i: -mean[i])[:5]
+    assert [p["token_id"] for p in suppressed] == sorted(ok, key=lambda i: mean[i])[:5]
+    raw = M.top_tokens(tiny_llama, ex.head_logits, k=5)
+    assert any(not M.readable(r["token"]) for r in raw[0] + raw[1])
