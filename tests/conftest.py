@@ -106,7 +106,15 @@ def staged(tmp_path_factory):
     from tests.book_helpers import CI_PARAMETERS
 
     root = book.stage(tmp_path_factory.mktemp("book"))
-    status = book.execute(root / "book" / "chapters", parameters=CI_PARAMETERS, solutions=True)
+    out = root / "book" / "chapters"
+    try:
+        status = book.execute(out, parameters=CI_PARAMETERS, solutions=True)
+    except SystemExit as e:  # a plain failure (pytest caches it for every test that uses the book), naming the chapter
+        import json
+
+        failed = [s["notebook"] for s in json.loads((out / "execution_status.json").read_text()) if not s["ok"]] \
+            if (out / "execution_status.json").exists() else []
+        pytest.fail(f"the book did not execute ({e}); failed chapters: {failed}; executed notebooks in {out}")
     return root, status
 
 

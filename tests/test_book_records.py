@@ -73,6 +73,7 @@ def test_a_failing_chapter_is_reported_and_stops_the_build(tmp_path, monkeypatch
                                          nbformat.v4.new_code_cell("raise RuntimeError('boom')")])
     nbformat.write(nb, nbs / "09_broken.ipynb")
     monkeypatch.setattr(book, "NOTEBOOKS", nbs)
+    monkeypatch.setattr(book, "CHAPTERS", ["09_broken"])
     with pytest.raises(SystemExit):
         book.execute(tmp_path / "out")
     (row,) = json.loads((tmp_path / "out" / "execution_status.json").read_text())
