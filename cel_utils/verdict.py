@@ -446,8 +446,11 @@ def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: i
     search designs, estimated from this verdict's own screen (:func:`cel_utils.power.pipeline_power` with
     ``n_draw`` search items and ``top_k`` re-tested heads), beside their cost in CPU minutes scaled from this run's
     own timings (the search screen's time per item, the confirmation's time per re-tested head). A design with
-    more search items than the screen has is ``extrapolated`` (the draws repeat its items)."""
+    more search items than the screen has is ``extrapolated`` (the draws repeat its items). A ``top_k`` that
+    leaves no screened head outside the top ``2 * top_k`` (a screen of a few layers) has no row: there is no head
+    to plant the gain into."""
     n_s, k0 = len(v.splits["search"]), len(v.confirm)
+    top_ks = [k for k in top_ks if 2 * k < len(v.screen.results.margin)]
     n_c, n_h = len(v.splits["confirm"]), len(v.splits["heldout"])
     b_max = v.power["break_rate_worst"]
     conf_secs = v.confirm_comparison.results.seconds or 0.0
