@@ -30,14 +30,14 @@ CHAPTERS_DIR = ROOT / "book" / "chapters"
 VENDOR = ROOT / "book" / "assets" / "vendor"
 
 
-def record(path: str | os.PathLike, values: dict) -> dict:
-    """Write a chapter's headline values as JSON (atomically) so tests can check them; returns them."""
+def record(path: str | os.PathLike, values: dict) -> None:
+    """Write a chapter's headline values as JSON (atomically) so tests can check them. Returns nothing, so a
+    chapter's last cell prints no dict."""
     from .cache import STATS
     from .io import write_json_atomic
 
     values = {**values, "cache": dict(STATS)}   # result-cache hits and misses of this run (the status page)
     write_json_atomic(path, values)
-    return values
 
 
 def check_parameters(namespace: dict, **types) -> None:

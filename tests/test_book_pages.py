@@ -78,3 +78,58 @@ def test_pages_are_clean(built, chapter):
     assert not [c for c in cells if re.search(r"\d\.\d{5,}|\d\.\d{4,}e", c)], "a number with too many digits"
     heads = re.findall(r"<th>([^<]*)</th>", html)
     assert not [h for h in heads if re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", h.strip())], "a snake_case header"
+
+
+def _outputs(staged, chapter):
+    """(mime type, text) of every output of every code cell of the executed chapter, solutions included."""
+    import json
+
+    root, _ = staged
+    nb = json.loads((root / "book" / "chapters" / f"{chapter}.ipynb").read_text())
+    for c in nb["cells"]:
+        for o in c.get("outputs", []):
+            if o["output_type"] == "stream":
+                yield "stream", "".join(o["text"])
+            for mime, data in o.get("data", {}).items():
+                yield mime, "".join(data) if isinstance(data, list) else str(data)
+
+
+def _table_rows_unequal(markdown: str) -> list[str]:
+    """Rows of a markdown table whose cell count differs from the header's (a ``|`` inside a cell, e.g. LaTeX)."""
+    bad, width = [], None
+    for line in markdown.splitlines():
+        s = line.strip()
+        if not s.startswith("|"):
+            width = None
+            continue
+        n = len(re.findall(r"(?<!\\)\|", s)) - 1
+        if width is None:
+            width = n
+        elif n != width:
+            bad.append(s)
+    return bad
+
+
+def test_the_table_row_check_sees_a_broken_row():
+    good = "| a | b |\n|---|---|\n| 1 | 2 |"
+    assert _table_rows_unequal(good) == []
+    assert _table_rows_unequal(good + "\n| $|a \\pm b|$ | 3 |")
+    assert _table_rows_unequal(good + "\n| $\\|a\\|$ | 3 |") == []
+
+
+@pytest.mark.parametrize("chapter", book.expected_chapters())
+def test_outputs_are_for_readers(staged, chapter):
+    """No output prints a dict or record, a bare figure label or a run time; every markdown table an output
+    emits has rows of equal width; no token renders as empty quotes; the static build leaves no live widget
+    (it shows a note or the kernel-free explorer instead)."""
+    for mime, text in _outputs(staged, chapter):
+        t = text.strip()
+        if mime in ("text/plain", "stream"):
+            assert not re.match(r"^\{['\"]", t), f"a dict is printed: {t[:80]}"
+            assert not re.fullmatch(r"'?Figure \d+[a-z]?\.\d+'?", t), f"a bare figure label: {t}"
+            assert not re.search(r"\b(in|took|ran for) \d+(\.\d+)? ?(s|min|seconds|minutes)\b", t), \
+                f"a timing line: {t[:80]}"
+        if mime == "text/markdown":
+            assert not _table_rows_unequal(t), f"a table row of another width: {_table_rows_unequal(t)[:1]}"
+            assert not re.search(r"(\"\"|''|“”|``)(?!`)", t.replace("```", "")), f"an empty quoted token: {t[:120]}"
+        assert mime != "application/vnd.jupyter.widget-view+json", "a live widget in the static build"

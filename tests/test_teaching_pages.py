@@ -132,3 +132,49 @@ def test_the_run_times_come_from_the_build():
         text = (PAGES / f"{page}.md").read_text()
         assert "```{include} chapters/run_times.md\n```" in text, page
         assert not re.search(r"\b\d+(?:\.\d+)?\s*(?:s|sec|seconds)\b", text), page
+
+
+def _defined_names(code: str) -> set[str]:
+    """Top-level names a cell binds (assignments, defs, imports, for-loop targets)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:  # IPython magics: nothing to learn from this cell
+        return set()
+    names = set()
+    for node in tree.body:
+        for sub in ast.walk(node) if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For, ast.With)) \
+                else [node]:
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                names.add(sub.id)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("nb", [p.stem for p in sorted(book.NOTEBOOKS.glob("0[1-3]*.ipynb"))])
+def test_one_code_visibility_convention(nb):
+    """Chapters 1-3 follow one convention: the set-up cell (the first code cell after the parameters) is
+    collapsed (``hide-input``), and no removed cell (``remove-input``) defines a name an exercise solution uses,
+    so a reader can always see the code a solution builds on."""
+    import ast
+
+    cells = json.loads((book.NOTEBOOKS / f"{nb}.ipynb").read_text())["cells"]
+    code = [c for c in cells if c["cell_type"] == "code"]
+    tags = [c.get("metadata", {}).get("tags", []) for c in code]
+    first = next(i for i, t in enumerate(tags) if "parameters" in t) + 1
+    assert "hide-input" in tags[first], f"{nb}: the set-up cell is not collapsed"
+    used = set()
+    for sol in book.solution_code({"cells": cells}):  # names a solution reads but binds nowhere itself
+        tree = ast.parse(sol)
+        bound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+        bound |= {a.arg for a in ast.walk(tree) if isinstance(a, ast.arg)} | _defined_names(sol)
+        used |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - bound
+    hidden = set()
+    for c, t in zip(code, tags):
+        if "remove-input" in t:
+            hidden |= _defined_names("".join(c["source"]))
+    assert not (hidden & used), f"{nb}: solutions use names defined in removed cells: {sorted(hidden & used)}"
