@@ -52,7 +52,7 @@ from .defaults import (FDR, GATE_BATCH, GATE_INIT, GATE_LR, GATE_MAX_K, GATE_PEN
 from .engine import evaluate_head_sets, forward_equivalents
 from .errors import CELError
 from .io import json_safe
-from .joint import model_scorer
+from .joint import graded_sets, model_scorer
 from .scoring import EncodedTask, ItemResults, encode_task
 from .screening import Screen, screen
 from .search import exhaustive, percentile_among
@@ -375,6 +375,30 @@ def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) ->
     return lg
 
 
+def search_gates(lm, search_task, heldout_task, settings: GateSettings | None = None, random_sets: int = 0,
+                 **overrides) -> dict:
+    """``cel search --strategy gates``: gates learned on the search split, the set of each size ``1..max_k``
+    graded on held-out items exactly as :func:`cel_utils.joint.search_heads` grades the other strategies' sets
+    (:func:`cel_utils.joint.graded_sets`: both splits, held-out CI, interaction, percentile among ``random_sets``
+    random sets of its size), plus ``gates``: the gate values and the loss curve (:meth:`LearnedGates.record`).
+    ``pool`` lists every head (the gates' pool) and ``n_evaluations`` counts gradient steps.
+
+    Example:
+        >>> out = search_gates(lm, search, heldout, max_k=3)   # doctest: +SKIP
+        >>> out["best"][0]["heads"], out["gates"]["loss_curve"][-1]["loss"]   # doctest: +SKIP
+    """
+    s = replace(settings or GateSettings(), **overrides)
+    s.check(lm.n_layers * lm.n_heads)
+    enc_s, enc_h = encode_task(lm, search_task), encode_task(lm, heldout_task)
+    ablation = Ablation.of(s.mode).resolved(lm, enc_s.inputs)  # means (if any) from the search split only
+    lg = learn_gates(lm, search_task, replace(s, mode=ablation))
+    best_sets = [lg.sets[k] for k in sorted(lg.sets)]
+    return {"strategy": "gates", "pool": [head_name(h) for h in lg.heads],
+            "n_evaluations": lg.n_steps * len(lg.penalties), "search_seconds": lg.seconds,
+            **graded_sets(lm, enc_s, enc_h, best_sets, ablation, random_sets, s.n_boot, s.seed),
+            "gates": lg.record()}
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Through the same gates as everything else: confirm, choose, held-out, selection-aware control
 # ------------------------------------------------------------------------------------------------------------
@@ -412,7 +436,8 @@ def confirm_choose(conf_base: np.ndarray, conf_rows: np.ndarray, held_gain: np.n
 class GatePipeline:
     """Learned sets (one per size) through confirm -> choose -> held-out, with the selection-aware control.
 
-    ``sets``: one row per size ``k``: ``heads``, ``size``, ``search_delta_accuracy``, ``confirm_delta_accuracy``,
+    ``sets``: one row per size ``k``: ``heads``, ``size``, ``search_delta_accuracy``, ``confirm_baseline``,
+    ``confirm_delta_accuracy``,
     ``confirm_fixes``, ``confirm_breaks``, ``confirm_p_value``, ``confirm_q_value`` (BH over the sizes),
     ``confirmed``; held-out ``heldout_baseline``, ``heldout_delta_accuracy`` with ``ci_low``/``ci_high``,
     ``fixes``, ``breaks``, ``p_value``, ``p_holm`` (Holm over the sizes), ``holds``, ``heldout_delta_margin``.
@@ -479,6 +504,7 @@ def gate_pipeline(lm, splits: dict, settings: GateSettings | None = None, **over
     held, held_cmp = heldout_test(lm, encs["heldout"], named, mode=ablation, n_boot=s.n_boot, seed=s.seed)
     tab = pd.DataFrame({"heads": list(named), "size": [len(v) for v in named.values()],
                         "search_delta_accuracy": on_search.table["delta_accuracy"].to_numpy(),
+                        "confirm_baseline": conf.table["baseline_accuracy"].to_numpy(),
                         "confirm_delta_accuracy": conf.table["delta_accuracy"].to_numpy()})
     for k in ("fixes", "breaks", "p_value", "q_value"):
         tab[f"confirm_{k}"] = d[k]
