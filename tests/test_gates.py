@@ -74,6 +74,15 @@ def test_gates_find_a_pair_whose_members_do_nothing_alone(pair):
     assert res.pipeline.chosen()["heads"] == format_set(PAIR_HEADS)
 
 
+def test_ranking_follows_the_push_not_its_noise(pair):
+    """Started near 1 (log_alpha 2), the pair's gates see only that removing one head lowers the margin, so they
+    are pushed up, harder than the penalty pushes the heads the task ignores: they rank last. (Adam with one second
+    moment per gate would move every gate about lr per step and rank the pair's noisier gates first.)"""
+    lm, splits = pair
+    lg = learn_gates(lm, splits["search"], GateSettings(init=2.0, max_k=2, progress=False))
+    assert set(lg.ranking()[-2:]) == set(PAIR_HEADS)
+
+
 def test_gates_pick_a_single_planted_head_at_k1(harmful):
     """One head whose removal turns every item right, every other near-silent: the gates' set of size 1 is it."""
     lm, splits = harmful
@@ -83,6 +92,22 @@ def test_gates_pick_a_single_planted_head_at_k1(harmful):
     # the loss curve: one row per step, loss = -mean margin + penalty x expected heads removed (before the step)
     c = lg.curve
     assert list(c["step"]) == list(range(lg.settings.steps)) and c["loss"].iloc[-1] < c["loss"].iloc[0]
+
+
+def test_the_penalty_trades_heads_for_margin(harmful):
+    """A penalty per head larger than what removing the planted head gains keeps every head (the expected number
+    removed falls); the default penalty lets the planted head go. A sweep runs both and keeps, at each size, the
+    candidate that scores best on the search split."""
+    lm, splits = harmful
+    s = GateSettings(max_k=2, progress=False)
+    i = all_heads(lm).index(HARMFUL_HEAD)
+    small, large = (learn_gates(lm, splits["search"], replace(s, penalties=(p,))) for p in (0.05, 100.0))
+    assert prob_removed(small.log_alpha[0, i]) > 0.9 > 0.1 > prob_removed(large.log_alpha[0, i])
+    assert large.curve["expected_removed"].iloc[-1] < 0.5 * large.curve["expected_removed"].iloc[0]
+    sweep = learn_gates(lm, splits["search"], replace(s, penalties=(100.0, 0.05)))
+    assert np.array_equal(sweep.log_alpha, np.stack([large.log_alpha[0], small.log_alpha[0]]))
+    assert sweep.sets[1] == [HARMFUL_HEAD] and sweep.curve.groupby("run").size().tolist() == [15, 15]
+    assert sweep.forward_equivalents > small.forward_equivalents + large.forward_equivalents  # + the candidates
 
 
 def test_learning_is_deterministic_for_a_seed(harmful):
@@ -138,6 +163,34 @@ def test_pipeline_statistics_match_the_oracles(pair):
     assert len(gp.control) == 2 and 0 <= gp.control_percentile() <= 100
     rec = json.loads(json.dumps(gp.record()))
     assert rec["chosen"] == gp.chosen()["heads"] and len(rec["gates"]["values"]) == len(all_heads(lm))
+
+
+def test_the_choice_never_reads_the_heldout_split():
+    """The chosen learned set is the confirmed one with the largest confirm gain, whatever the held-out figures;
+    the control's percentile places the chosen set's held-out gain among the random rankings' pipelines."""
+    import pandas as pd
+
+    from cel_utils.gates import GatePipeline
+
+    sets = pd.DataFrame({"heads": ["A", "A+B", "A+B+C"], "size": [1, 2, 3], "confirmed": [True, True, False],
+                         "confirm_delta_accuracy": [0.05, 0.10, 0.30], "heldout_delta_accuracy": [0.4, 0.0, 0.5]})
+    gp = GatePipeline(model="m", task="t", gates=None, sets=sets, heldout=None, control_heldout=None,
+                      control_sets=[], n_search=1, n_confirm=1, n_heldout=1,
+                      control=pd.DataFrame({"heldout_delta_accuracy": [-0.1, 0.0, 0.1]}))
+    assert gp.chosen()["heads"] == "A+B" and gp.chosen_gain() == 0.0 and gp.control_percentile() == 50.0
+    none = GatePipeline(**{**gp.__dict__, "sets": sets.assign(confirmed=False)})
+    assert none.chosen() is None and none.chosen_gain() == 0.0
+
+
+def test_the_control_chooses_as_the_pipeline_does():
+    """A random ranking's sets go through the same rule: BH-confirmed on the confirm items, the largest confirm
+    gain chosen, its held-out gain reported (0 when nothing is confirmed)."""
+    from cel_utils.gates import confirm_choose
+
+    base = np.zeros(30, bool)
+    rows = np.stack([np.arange(30) < 12, np.arange(30) < 20, np.arange(30) < 1])   # confirm gains .4, .67, .03
+    assert confirm_choose(base, rows, np.array([0.5, 0.1, 0.9]), fdr=0.1) == (1, 0.1)
+    assert confirm_choose(base, rows[2:], np.array([0.9]), fdr=0.1) == (None, 0.0)
 
 
 def test_selector_table_and_areas(pair):
