@@ -563,13 +563,58 @@ class SelectorComparison:
     pipeline: GatePipeline
     n_search: int
     n_heldout: int
+    timings: dict = field(default_factory=dict)   # wall seconds of each stage of this comparison, and the total
 
     def record(self) -> dict:
-        """JSON-ready: the table, the summary, the pool and the gates' pipeline."""
+        """JSON-ready: the table, the summary, the pool, the stages' times and the gates' pipeline."""
         return json_safe({"model": self.model, "task": self.task, "max_k": self.max_k,
                           "pool": [head_name(h) for h in self.pool], "n_search": self.n_search,
                           "n_heldout": self.n_heldout, "table": self.table.to_dict("records"),
-                          "summary": self.summary.to_dict("records"), "gates": self.pipeline.record()})
+                          "summary": self.summary.to_dict("records"), "timings": self.timings,
+                          "gates": self.pipeline.record()})
+
+    def sentence(self) -> str:
+        """What this comparison finds, in one markdown paragraph written from its numbers: whether the learned
+        gates reach beyond the pool, their area against the pool search's (with the difference's CI), the best
+        selector by area, the gates' pipeline (its chosen set's held-out gain, Holm p, the random rankings that
+        beat it) and against the pool search's set of the same size, and what learning the gates cost."""
+        s = self.summary.set_index("selector")
+        t = self.table.set_index(["selector", "k"])
+        g, p = s.loc["learned gates"], s.loc["pool search"]
+        outside = int(self.table[self.table.selector == "learned gates"]["outside_pool"].max())
+        diff = (f"{g.area_vs_pool:+.3f} [{g.area_vs_pool_ci_low:+.3f}, {g.area_vs_pool_ci_high:+.3f}]")
+        if g.area_vs_pool_ci_low > 0:
+            verdict = "above the pool search's"
+        elif g.area_vs_pool_ci_high < 0:
+            verdict = "below the pool search's"
+        else:
+            verdict = "not distinguishable from the pool search's"
+        top = s.index[np.isclose(s["area"], s["area"].max(), atol=1e-12)].tolist()
+        best = (f"the largest area is the {top[0]} selector's ({s.loc[top[0], 'area']:+.3f})" if len(top) == 1 else
+                f"{', '.join(top)} tie for the largest area ({s['area'].max():+.3f})")
+        text = (f"**{self.model} / {self.task}**: the learned gates' sets hold up to {outside} head"
+                f"{'' if outside == 1 else 's'} outside the pool of {len(self.pool)}. Over k = 1..{self.max_k} "
+                f"their mean held-out gain (the area) is {g.area:+.3f} [{g.area_ci_low:+.3f}, {g.area_ci_high:+.3f}], "
+                f"{verdict} ({p.area:+.3f} [{p.area_ci_low:+.3f}, {p.area_ci_high:+.3f}]; difference {diff}); "
+                f"{best}. ")
+        c = self.pipeline.chosen()
+        if c is None:
+            text += ("The gates' pipeline confirmed none of its sets on the confirm split, so it reports nothing "
+                     "(it removes no head). ")
+        else:
+            k = int(c["size"])
+            ctrl = self.pipeline.control["heldout_delta_accuracy"].to_numpy()
+            beat = int((ctrl > c["heldout_delta_accuracy"] + 1e-12).sum())
+            pr = t.loc[("pool search", k)]
+            text += (f"The gates' pipeline chose {c['heads']} (confirmed on the confirm split): it changes held-out "
+                     f"accuracy by {c['heldout_delta_accuracy']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm "
+                     f"p = {c['p_holm']:.2g} ({'holds' if c['holds'] else 'does not hold'}); {beat} of {len(ctrl)} "
+                     f"random rankings put through the same pipeline chose a set with a larger held-out gain. The "
+                     f"pool search's set of the same size, {pr['heads']}, changes it by "
+                     f"{pr['heldout_delta_accuracy']:+.3f} [{pr['ci_low']:+.3f}, {pr['ci_high']:+.3f}]. ")
+        text += (f"Learning the gates cost {g.forward_equivalents:.0f} forward-equivalents ({g.seconds:.0f} s); the "
+                 f"screen and pool search {p.forward_equivalents:.0f} ({p.seconds:.0f} s).")
+        return text
 
 
 def bootstrap_mean(d: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, alpha: float = ALPHA) -> tuple:
@@ -619,14 +664,18 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     gs = replace(gate_settings or GateSettings(), max_k=max_k, random_sets=random_sets, mode=mode, seed=seed,
                  n_boot=n_boot, progress=progress)
     gs.check(lm.n_layers * lm.n_heads)
+    t_start = time.perf_counter()
+    clock: dict[str, float] = {}
     enc_s, enc_h = encode_task(lm, splits["search"]), encode_task(lm, splits["heldout"])
     ablation = Ablation.of(mode).resolved(lm, enc_s.inputs)
     L = lm.n_layers
     sel: dict[str, list[list[Head]]] = {}
     cost: dict[str, dict] = {}
     # the exact single-head screen, and the pool search on it
+    t0 = time.perf_counter()
     sc = screen_result if screen_result is not None else screen(lm, splits["search"], mode=ablation, enc=enc_s,
                                                                  progress=progress)
+    clock["screen"] = time.perf_counter() - t0
     if len(sc.heads) < pool_size:
         raise CELError(f"the screen has {len(sc.heads)} heads, fewer than pool_size = {pool_size}")
     ranked = [(int(r.layer), int(r.head_index)) for r in sc.top(len(sc.heads)).itertuples()]
@@ -639,8 +688,9 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     ex = exhaustive(pool, model_scorer(lm, enc_s, mode=ablation), max_k)
     subsets = [list(c) for k in range(1, max_k + 1) for c in itertools.combinations(pool, k)]
     sel["pool search"] = [sorted(ex.best[k].heads) for k in range(1, max_k + 1)]
+    clock["pool search"] = time.perf_counter() - t0
     cost["pool search"] = {"forward_equivalents": screen_fe + forward_equivalents(L, subsets),
-                           "seconds": sc.seconds + time.perf_counter() - t0,
+                           "seconds": sc.seconds + clock["pool search"],
                            "n_evaluations": len(sc.heads) + ex.n_evaluations}
     # the approximate screens
     approx = [("gradient", lambda: gradient_screen(lm, splits["search"], mode=ablation, enc=enc_s))]
@@ -648,13 +698,18 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
         approx.append(("compressed sensing", lambda: compressed_screen(
             lm, splits["search"], n_evaluations=compressed_evals, mode=ablation, seed=seed, enc=enc_s)))
     for name, run in approx:
+        t0 = time.perf_counter()
         ap = run()
+        clock[name] = time.perf_counter() - t0
         order = np.argsort(-ap.estimate, kind="stable")
         sel[name] = [sorted(ap.heads[i] for i in order[:k]) for k in range(1, max_k + 1)]
         cost[name] = {"forward_equivalents": ap.forward_equivalents, "seconds": ap.seconds,
                       "n_evaluations": ap.n_evaluations}
     # the learned gates, through their own pipeline, and the random rankings of its control
+    t0 = time.perf_counter()
     gp = gate_pipeline(lm, splits, gs)
+    clock["learned gates: learning"] = gp.gates.seconds
+    clock["learned gates: search, confirm and held-out, random control"] = time.perf_counter() - t0 - gp.gates.seconds
     sel["learned gates"] = [gp.gates.sets[k] for k in range(1, max_k + 1)]
     cost["learned gates"] = {"forward_equivalents": gp.gates.forward_equivalents, "seconds": gp.gates.seconds,
                              "n_evaluations": gp.gates.n_steps * len(gp.gates.penalties)}
@@ -666,10 +721,12 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
                 per_set[n] = (cmp.results.correct[j], cmp.results.margin[j])
     rest = {format_set(x): x for sets in sel.values() for x in sets if format_set(x) not in per_set}
     base = gp.heldout.baseline   # the unablated model on the held-out items (the same in every comparison)
+    t0 = time.perf_counter()
     if rest:
         held = compare_sets(lm, enc_h, rest, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
         for j, n in enumerate(held.names):
             per_set[n] = (held.results.correct[j], held.results.margin[j])
+    clock["held-out grading of the other selectors' sets"] = time.perf_counter() - t0
     rows, summary = [], []
     pool_names = {head_name(h) for h in pool}
     item_delta: dict[str, np.ndarray] = {}   # per selector: per-item change averaged over k  [n_items]
@@ -704,6 +761,7 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
                         "area_ci_low": area[1], "area_ci_high": area[2], "area_vs_pool": vs[0],
                         "area_vs_pool_ci_low": vs[1], "area_vs_pool_ci_high": vs[2], "best_k": best + 1,
                         "best_gain": float(curves[name][best]), **c})
+    clock["total"] = time.perf_counter() - t_start
     return SelectorComparison(model=lm.name, task=splits["search"].name, max_k=max_k, pool=pool,
                               table=pd.DataFrame(rows), summary=pd.DataFrame(summary), pipeline=gp,
-                              n_search=enc_s.n_items, n_heldout=enc_h.n_items)
+                              n_search=enc_s.n_items, n_heldout=enc_h.n_items, timings=clock)
