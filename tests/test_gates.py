@@ -263,3 +263,26 @@ def test_cel_search_gates_too_many_heads(harmful_folder, tmp_path, capsys):
                  "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "max_k = 13 but the model has only 12 heads" in err and not out.exists(), err
+
+
+@pytest.mark.parametrize("mode", ["zero", "mean"])
+def test_a_closed_gate_is_an_ablated_head_in_every_family(tiny, mode):
+    """Gates fixed at 0 for a head set and 1 elsewhere give the engine's per-item results for that set removed
+    (zero or mean ablation), in every supported family; all gates at 1 give the unablated model."""
+    from cel_utils.ablation import Ablation
+    from cel_utils.engine import evaluate_head_sets, read_stats_with
+    from cel_utils.gates import gate_points
+    from cel_utils.scoring import aggregate, encode_task
+    from cel_utils.tasks import load_task
+
+    enc = encode_task(tiny, load_task("agreement", n=6))
+    ablation = Ablation.of(mode).resolved(tiny, enc.inputs)
+    heads = [(0, 1), (tiny.n_layers - 1, 2)]
+    want = evaluate_head_sets(tiny, enc, [heads, []], mode=ablation, progress=False, result_cache=False)
+    for j, removed in enumerate((heads, [])):
+        mask = torch.ones(tiny.n_layers, tiny.n_heads)
+        for l, h in removed:
+            mask[l, h] = 0.0
+        lp, gap = read_stats_with(tiny, enc, lambda seqs: gate_points(tiny, lambda l: mask[l], ablation))
+        got = aggregate(enc, lp[None], gap[None])
+        assert np.allclose(got.margin[0], want.margin[j], atol=1e-4) and (got.correct[0] == want.correct[j]).all()
