@@ -612,8 +612,13 @@ class SelectorComparison:
                      f"random rankings put through the same pipeline chose a set with a larger held-out gain. The "
                      f"pool search's set of the same size, {pr['heads']}, changes it by "
                      f"{pr['heldout_delta_accuracy']:+.3f} [{pr['ci_low']:+.3f}, {pr['ci_high']:+.3f}]. ")
-        text += (f"Learning the gates cost {g.forward_equivalents:.0f} forward-equivalents ({g.seconds:.0f} s); the "
-                 f"screen and pool search {p.forward_equivalents:.0f} ({p.seconds:.0f} s).")
+        curve = self.pipeline.gates.curve
+        n3 = min(3, len(curve))
+        text += (f"Over its {self.pipeline.gates.n_steps} steps the gates' loss went from "
+                 f"{curve['loss'].iloc[:n3].mean():.2f} to {curve['loss'].iloc[-n3:].mean():.2f} (mean of the first "
+                 f"and last {n3} steps), with {curve['expected_removed'].iloc[-1]:.1f} heads removed in expectation "
+                 f"at the end. Learning the gates cost {g.forward_equivalents:.0f} forward-equivalents "
+                 f"({g.seconds:.0f} s); the screen and pool search {p.forward_equivalents:.0f} ({p.seconds:.0f} s).")
         return text
 
 

@@ -72,6 +72,11 @@ def test_gates_find_a_pair_whose_members_do_nothing_alone(pair):
     assert s.loc["learned gates", "area_vs_pool_ci_low"] > 0
     # the gates' pipeline: the pair set is confirmed and chosen on the confirm split
     assert res.pipeline.chosen()["heads"] == format_set(PAIR_HEADS)
+    # the chapter's sentence says so, with the numbers
+    text = res.sentence()
+    g = s.loc["learned gates"]
+    assert f"is {g.area:+.3f} [{g.area_ci_low:+.3f}, {g.area_ci_high:+.3f}], above the pool search's" in text
+    assert f"chose {format_set(PAIR_HEADS)} (confirmed" in text and "the largest area is the learned gates" in text
 
 
 def test_ranking_follows_the_push_not_its_noise(pair):
