@@ -8,11 +8,11 @@ mean)``), and the gates are learned, the model frozen (Voita et al. 2019; Louizo
 * the relaxation: each gate is a **hard-concrete** variable with a learned ``log_alpha``
   (:func:`sample_gates`); it is exactly 0 (head removed) with probability :func:`prob_removed` and its mean is
   :func:`expected_gate`;
-* :func:`learn_gates`: Adam on the search split only, to raise the mean margin minus ``penalty`` x the expected
-  number of heads removed; one run per penalty of the sweep; each run ranks the heads (most wanted removed
-  first) and the set of size ``k`` is the first ``k`` heads of a ranking (with several penalties, the candidate
-  of each run scored on the search split by the joint search's score). Deterministic for a seed; the loss curve
-  is kept;
+* :func:`learn_gates`: gradient steps (:class:`SharedAdam`) on the search split only, to raise the mean margin
+  minus ``penalty`` x the expected number of heads removed; one run per penalty of the sweep; each run ranks the
+  heads (most wanted removed first) and the set of size ``k`` is the first ``k`` heads of a ranking (with several
+  penalties, the candidate of each run scored on the search split by the joint search's score). Deterministic
+  for a seed; the loss curve is kept;
 * :func:`gate_pipeline`: the learned set of each size confirmed on the confirm split (exact McNemar, BH over
   the sizes offered), the chosen one (:func:`cel_utils.compare.pick_chosen`) graded on held-out items (Holm over
   the sizes), and the same pipeline run on random rankings (the selection-aware control);
@@ -35,8 +35,7 @@ from __future__ import annotations
 import itertools
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
-from typing import Sequence
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import pandas as pd
@@ -46,17 +45,16 @@ from tqdm.auto import tqdm
 from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import backprop_mean_margin, compressed_screen, gradient_screen
 from .compare import compare_sets, heldout_test, paired_table, pick_chosen
-from .defaults import (FDR, GATE_BATCH, GATE_INIT, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS,
-                       GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, ALPHA, SELECTOR_RANDOM_SETS,
-                       TIE_BREAK, progress_enabled)
-from .engine import evaluate_head_sets, forward_equivalents
+from .defaults import (ALPHA, FDR, GATE_BATCH, GATE_INIT, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS,
+                       GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, SELECTOR_RANDOM_SETS, progress_enabled)
+from .engine import forward_equivalents
 from .errors import CELError
 from .io import json_safe
 from .joint import graded_sets, model_scorer
 from .scoring import EncodedTask, ItemResults, encode_task
 from .screening import Screen, screen
 from .search import exhaustive, percentile_among
-from .stats import confirm_decisions, paired_bootstrap
+from .stats import confirm_decisions
 
 # the hard-concrete stretch (gamma, zeta) of Louizos et al. 2018: a gate is 0 or 1 with positive probability
 HC_LOW, HC_HIGH = -0.1, 1.1
@@ -166,7 +164,7 @@ def frozen(lm):
 class GateSettings:
     """The parameters of :func:`learn_gates` and :func:`gate_pipeline` (defaults from :mod:`cel_utils.defaults`)."""
 
-    steps: int = GATE_STEPS                  # Adam steps per run
+    steps: int = GATE_STEPS                  # gradient steps per run
     lr: float = GATE_LR
     penalties: tuple = GATE_PENALTIES        # the sweep: one run per penalty (per expected head removed)
     temperature: float = GATE_TEMPERATURE    # hard-concrete beta
@@ -195,7 +193,8 @@ class GateSettings:
             raise CELError(f"max_k = {self.max_k} but the model has only {n_heads} heads")
 
     def record(self) -> dict:
-        d = asdict(self)
+        """The settings as JSON-ready values (the ablation by its mode's name)."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["mode"] = Ablation.of(self.mode).mode
         d["penalties"] = list(self.penalties)
         return d
@@ -240,7 +239,7 @@ class LearnedGates:
 
     ``sets``: size ``k`` -> the heads removed at that size (sorted); ``run_of``: which run's ranking gave it.
     ``curve``: one row per run and step: ``run``, ``penalty``, ``step``, ``loss`` (minus the mean margin on the
-    step's items plus the penalty term), ``mean_margin`` (with gates sampled), ``expected_removed``.
+    step's items plus the penalty term), ``mean_margin`` (with gates sampled), ``expected_removed`` (after the step).
     """
 
     heads: list[Head]                 # every head, in all_heads order
@@ -306,7 +305,7 @@ def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) ->
 
     Each step draws one noise sample per head (seeded), runs the step's items with the sampled gates
     (:func:`gate_points`, one forward and one backward: :func:`cel_utils.approximate.backprop_mean_margin`) and
-    takes an Adam step on ``-mean margin + penalty * sum P(removed)``. One run per penalty of
+    takes a :class:`SharedAdam` step on ``-mean margin + penalty * sum P(removed)``. One run per penalty of
     ``settings.penalties``; a set per size ``k = 1..max_k`` from the runs' rankings (see the module docstring).
     Mean ablation takes its head means from ``items``.
 

@@ -236,7 +236,8 @@ def test_cel_search_gates_contract(harmful_folder, tmp_path, capsys):
     assert g["best"][0]["search"]["delta_accuracy"] == pytest.approx(1.0)
     assert len(g["gates"]["values"]) == 12 and len(g["gates"]["loss_curve"]) == 8
     assert [s["heads"] for s in g["gates"]["sets"]] == [b["heads"] for b in g["best"]]
-    assert g["gates"]["settings"]["steps"] == 8 and [len(c["heldout_delta_accuracy"]) for c in g["random_control"]] == [3, 3]
+    assert g["gates"]["settings"]["steps"] == 8
+    assert [len(c["heldout_delta_accuracy"]) for c in g["random_control"]] == [3, 3]
 
 
 @pytest.mark.parametrize("argv, msg", [
