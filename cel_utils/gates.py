@@ -590,6 +590,7 @@ class SelectorComparison:
             verdict = "not distinguishable from the pool search's"
         top = s.index[np.isclose(s["area"], s["area"].max(), atol=1e-12)].tolist()
         best = (f"the largest area is the {top[0]} selector's ({s.loc[top[0], 'area']:+.3f})" if len(top) == 1 else
+                f"every selector has the same area ({s['area'].max():+.3f})" if len(top) == len(s) else
                 f"{', '.join(top)} tie for the largest area ({s['area'].max():+.3f})")
         text = (f"**{self.model} / {self.task}**: the learned gates' sets hold up to {outside} head"
                 f"{'' if outside == 1 else 's'} outside the pool of {len(self.pool)}. Over k = 1..{self.max_k} "
