@@ -12,6 +12,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``compare`` (head sets against the unablated model: ``compare_sets``, ``heldout_test``, ``pick_chosen``)
 * ``screening`` (single-head screens), ``approximate`` (gradient and compressed-sensing screens, benchmark)
 * ``search`` (model-free strategies), ``joint`` (model-backed joint search, controls, cross-task cost)
+* ``gates`` (learned head gates over all heads; every way of choosing heads side by side on held-out items)
 * ``effects`` (per-class effects, flips), ``robust`` (is it a capability? formats, generation, ablation types)
 * ``verdict`` (choose, confirm, report on three splits)
 * ``mechanism`` (inside a head: its direct logits, the path split, where it attends)

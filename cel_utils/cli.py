@@ -7,6 +7,7 @@
                [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
+               [--gate-steps N] [--gate-penalty P[,P...]]      (--strategy gates: no --screen, no --pool)
     cel verdict --model M --task T [--n-search N] [--n-confirm N] [--n-heldout N] [--top-k K] [--mode M] [--seed S]
                [--power-sims N] [--out F]
     cel robust --model M --task T --heads L13H0[,L19H4] [--split heldout] [--n N] [--seed S] [--out F]
@@ -251,6 +252,28 @@ def _ranked_from_screen_file(path: str, args, task) -> list[dict]:
     return sorted(heads, key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))
 
 
+def _gate_settings(args):
+    """The gate options of ``cel search``, checked before anything is loaded (None for the pool strategies)."""
+    given = [f"--{k.replace('_', '-')}" for k in ("gate_steps", "gate_penalty") if getattr(args, k) is not None]
+    if args.strategy != "gates":
+        if given:
+            raise CELError(f"{' and '.join(given)} only apply to --strategy gates")
+        return None
+    from .gates import GateSettings
+
+    if args.screen is not None or args.pool is not None:
+        raise CELError("--strategy gates learns a gate for every head: leave out --screen and --pool")
+    try:
+        penalties = tuple(float(p) for p in args.gate_penalty.split(",")) if args.gate_penalty is not None \
+            else defaults.GATE_PENALTIES
+    except ValueError:
+        raise CELError(f"--gate-penalty takes numbers separated by commas, got {args.gate_penalty!r}") from None
+    s = GateSettings(steps=args.gate_steps if args.gate_steps is not None else defaults.GATE_STEPS,
+                     penalties=penalties, max_k=args.max_size, mode=args.mode, seed=args.seed, progress=False)
+    s.check()
+    return s
+
+
 def cmd_search(args):
     from .ablation import parse_heads
     from .joint import search_heads
@@ -259,12 +282,27 @@ def cmd_search(args):
 
     check_out(args.out)
     _check_sizes(args)
-    if not 1 <= args.pool <= defaults.SEARCH_POOL_MAX:
-        raise CELError(f"--pool must be between 1 and {defaults.SEARCH_POOL_MAX}")
     if args.max_size < 1 or args.random_sets < 0:
         raise CELError("--max-size must be at least 1 and --random-sets at least 0")
+    gate_settings = _gate_settings(args)
+    if gate_settings is None:
+        args.pool = 8 if args.pool is None else args.pool
+        if not 1 <= args.pool <= defaults.SEARCH_POOL_MAX:
+            raise CELError(f"--pool must be between 1 and {defaults.SEARCH_POOL_MAX}")
     args.split = "search"  # the search runs on the search split and is graded on the held-out split
     task = load_task(args.task, split="search", n=args.n, seed=args.seed)
+    if gate_settings is not None:
+        from .gates import search_gates
+
+        lm, task = _load(args, task)
+        held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
+        res = search_gates(lm, task, held, gate_settings, random_sets=args.random_sets)
+        out = _header(lm, task, args)
+        secs = res.pop("search_seconds")
+        out.update(res)
+        out["timing"] = {"seconds": round(secs, 3)}
+        emit(out, args.out)
+        return
     ranked = _ranked_from_screen_file(args.screen, args, task) if args.screen else None
     lm, task = _load(args, task)
     held = load_task(args.task, split="heldout", n=args.n, seed=args.seed)
@@ -473,10 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
     se = sub.add_parser("search", help="joint ablation search over the top screened heads")
     common(se)
     se.add_argument("--screen", default=None, help="a `cel screen --out` file to take the pool from")
-    se.add_argument("--pool", type=int, default=8, help=f"top m heads of the screen (m <= {defaults.SEARCH_POOL_MAX})")
-    se.add_argument("--max-size", type=int, default=3)
-    se.add_argument("--strategy", default="greedy", choices=["exhaustive", "greedy", "beam"])
+    se.add_argument("--pool", type=int, default=None,
+                    help=f"top m heads of the screen (default 8, m <= {defaults.SEARCH_POOL_MAX}; not with gates)")
+    se.add_argument("--max-size", type=int, default=3, help="the best set of each size up to this is graded")
+    se.add_argument("--strategy", default="greedy", choices=["exhaustive", "greedy", "beam", "gates"],
+                    help="a search over the pool, or gates: a learned gate for every head (no pool)")
     se.add_argument("--random-sets", type=int, default=defaults.RANDOM_SETS)
+    se.add_argument("--gate-steps", type=int, default=None,
+                    help=f"gates: training steps (default {defaults.GATE_STEPS})")
+    se.add_argument("--gate-penalty", default=None,
+                    help="gates: penalty per expected head removed, or a comma list (a sweep; default "
+                         f"{','.join(f'{p:g}' for p in defaults.GATE_PENALTIES)})")
     se.set_defaults(fn=cmd_search)
 
     mg = sub.add_parser("merge", help="combine `cel screen --shard K/N` outputs into one screen")

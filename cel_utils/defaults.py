@@ -37,6 +37,17 @@ RANDOM_SETS = 100    # random head sets per size in the plain random-set control
 RANDOM_POOLS = 5     # random pools put through the whole joint pipeline (the selection-aware control)
 BEAM_WIDTH = 3
 
+# Learned head gates (cel_utils.gates): one hard-concrete gate per head, trained on the search split
+GATE_STEPS = 15          # Adam steps, each one forward and one backward over GATE_BATCH search items
+GATE_LR = 0.2            # Adam's learning rate on the gates' log-alphas
+GATE_PENALTIES = (0.05,)  # penalty per expected head removed (a removal must raise the mean margin by this, in
+                         # nats, to pay for itself); one training run per value
+GATE_TEMPERATURE = 2 / 3  # hard-concrete temperature beta (Louizos et al. 2018; Voita et al. 2019)
+GATE_INIT = 0.0          # initial log-alpha of every gate: P(removed) = P(fully kept) = 0.17, mean gate 0.5
+GATE_BATCH = 32          # search items per step (the whole default search split)
+GATE_MAX_K = 10          # one learned set per size k = 1..GATE_MAX_K
+SELECTOR_RANDOM_SETS = 3  # random rankings: the random selector and the gates' selection-aware control
+
 # Is it a capability? (chapter 1c, cel robust)
 TEXT_TOKENS = 20000     # tokens of general English text on which the change in NLL per token is measured
 COLLATERAL_NLL = 0.05   # a change in NLL per token above this (nats) counts as costly

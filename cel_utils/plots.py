@@ -536,3 +536,51 @@ def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figur
                       xaxis_title="change in held-out accuracy (own task)",
                       yaxis_title="change in NLL per token, general text (nats)", height=420, width=width)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2, beyond the pool: every selector on held-out items
+# ---------------------------------------------------------------------------------------------
+SELECTOR_COLOURS = {"top-k screen": "#1f77b4", "pool search": "#ff7f0e", "gradient": "#2ca02c",
+                    "compressed sensing": "#9467bd", "learned gates": "#d62728", "random": "#7f7f7f"}
+
+
+def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Held-out change in accuracy of the set each selector chooses at every size ``k`` (lines), with its
+    paired-bootstrap 95% CI as a band, one panel per (model, task) of ``table`` (the tidy
+    :attr:`cel_utils.gates.SelectorComparison.table`, several concatenated); whole-number ticks for ``k``.
+
+    Example:
+        >>> t = pd.DataFrame({"model": "m", "task": "t", "selector": ["gradient"] * 2, "k": [1, 2],
+        ...                   "heads": ["L0H1", "L0H1+L1H0"], "heldout_delta_accuracy": [0.0, 0.05],
+        ...                   "ci_low": [-0.02, 0.0], "ci_high": [0.02, 0.1]})
+        >>> [tr.name for tr in selector_curves(t).data]
+        ['gradient', 'gradient 95% CI']
+    """
+    from plotly.subplots import make_subplots
+
+    pairs = list(dict.fromkeys(zip(table["model"], table["task"])))
+    fig = make_subplots(rows=1, cols=len(pairs), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[f"{m} · {t}" for m, t in pairs])
+    for col, (m, t) in enumerate(pairs, start=1):
+        g = table[(table["model"] == m) & (table["task"] == t)]
+        for name, s in g.groupby("selector", sort=False):
+            s = s.sort_values("k")
+            colour = SELECTOR_COLOURS.get(name, "#333333")
+            fig.add_trace(go.Scatter(x=s["k"], y=s["heldout_delta_accuracy"], mode="lines+markers", name=name,
+                                     legendgroup=name, showlegend=col == 1, line=dict(color=colour),
+                                     text=s["heads"], hovertemplate="%{text}<br>k = %{x}: %{y:+.3f}<extra>"
+                                     + name + "</extra>"), row=1, col=col)
+            band_x = list(s["k"]) + list(s["k"])[::-1]
+            band_y = list(s["ci_high"]) + list(s["ci_low"])[::-1]
+            fig.add_trace(go.Scatter(x=band_x, y=band_y, fill="toself", mode="lines", line=dict(width=0),
+                                     fillcolor=colour, opacity=0.12, name=f"{name} 95% CI", legendgroup=name,
+                                     showlegend=False, hoverinfo="skip"), row=1, col=col)
+        fig.add_hline(y=0, line=dict(color="#888", dash="dot"), row=1, col=col)
+    ks = sorted(int(k) for k in table["k"].unique())
+    fig.update_xaxes(title="heads removed (k)", tickmode="array", tickvals=ks, ticktext=[str(k) for k in ks])
+    fig.update_yaxes(title="change in held-out accuracy", col=1)
+    width = max(560, 420 * len(pairs))
+    fig.update_layout(title=dict(text=fit(title or "held-out gain of the set each selector chooses, by size",
+                                          width)), width=width, height=440, legend=dict(orientation="h", y=-0.2))
+    return fig

@@ -26,7 +26,7 @@ import pandas as pd
 WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "dacc": "change in accuracy",
          "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%", "kv": "key/value"}
 SPLITS = {"search": "search split", "confirm": "confirm split", "held-out": "held-out", "explore": "explore split"}
-SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction")
+SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction", "area")
 
 
 def header(name: str) -> str:

@@ -148,6 +148,66 @@ def harmful_head_model(items: list[dict], seed: int = 3):
     return lm
 
 
+PAIR_HEADS = ((1, 0), (1, 1))
+
+
+def pair_heads_model(items: list[dict], seed: int = 3, margin: float = 8.0):
+    """A tiny Llama with a planted *pair*: with every head on, each item of ``items`` is answered wrong; with
+    either head of ``PAIR_HEADS`` removed alone, still wrong (and its margin a little lower, so a single-head
+    screen ranks both heads last); with both removed, right. Every other head is near-silent and the MLPs write
+    nothing.
+
+    Built so that the geometry is the same on every item: every token shares a large embedding coordinate, so the
+    pair heads' input, hence their output, is nearly constant; the two heads are made identical (same query rows,
+    same key/value head, same output block ``o``), so the residual at the read is ``e + (g1 + g2) o`` with ``e`` the
+    rest. ``o`` points 150 degrees away from ``e`` (``|e + o|`` perpendicular to ``e``) and the unembedding row of
+    "a" minus that of "b" points 75 degrees from ``e``: after the final norm, the margin is positive at ``g1 + g2 =
+    0``, lowest at 1 and a little higher at 2. Only the logits of "a" and "b" decide these items.
+    """
+    import math
+
+    lm = tiny_model("llama", seed=seed)
+    tok, D = lm.tokenizer, lm.head_dim
+    ia, ib = (tok(c)["input_ids"][0] for c in "ab")
+    (layer, h0), (_, h1) = PAIR_HEADS
+    with torch.no_grad():
+        lm.model.get_input_embeddings().weight[:, 0] = 2.0
+        for l in range(lm.n_layers):
+            hooks.get_attr(hooks.decoder_layers(lm)[l], "mlp.down_proj").weight.zero_()
+            w = lm.out_proj(l).weight
+            for h in range(lm.n_heads):
+                if (l, h) not in PAIR_HEADS:
+                    w[:, h * D:(h + 1) * D] *= 0.001
+        q = hooks.attention_module(lm, layer).q_proj.weight  # [heads * d_head, d_model]
+        q[h1 * D:(h1 + 1) * D] = q[h0 * D:(h0 + 1) * D]
+        w = lm.out_proj(layer).weight
+        w[:, h0 * D:(h0 + 1) * D] = 0
+        w[:, h1 * D:(h1 + 1) * D] = 0
+        zs, es = [], []
+        for it in items:  # the pair's input z and the rest of the residual at the read, pair silenced
+            st: dict = {}
+            ids = torch.tensor([tok(it["prompt"])["input_ids"]])
+            with hooks.hooked(lm, [("z", layer, hooks.reader(st, "z")), ("final", None, hooks.reader(st, "x"))]):
+                lm.model(input_ids=ids)
+            zs.append(st["z"][0, -1, h0])
+            es.append(st["x"][0, -1])
+        v, e = torch.stack(zs).mean(0), torch.stack(es).mean(0)  # [d_head], [d_model]
+        e_hat = e / e.norm()
+        n = torch.zeros_like(e)
+        n[1] = 1.0
+        n = n - (n @ e_hat) * e_hat
+        n = n / n.norm()
+        th, ph = math.radians(150.0), math.radians(-75.0)
+        o = e.norm() / -math.cos(th) * (math.cos(th) * e_hat + math.sin(th) * n)  # [d_model]
+        block = torch.outer(o, v) / (v @ v)  # maps the pair's (nearly constant) z to o
+        w[:, h0 * D:(h0 + 1) * D] = block
+        w[:, h1 * D:(h1 + 1) * D] = block
+        unembed = lm.model.get_output_embeddings()
+        direction = math.cos(ph) * e_hat + math.sin(ph) * n
+        unembed.weight[ia] = unembed.weight[ib] + margin * direction / math.sqrt(e.numel())
+    return lm
+
+
 def save_harmful(folder) -> tuple[str, str]:
     """:func:`harmful_head_model` saved as a local folder, and its items as ``folder/harm.jsonl``."""
     import json

@@ -220,6 +220,24 @@ def test_joint_search_records(staged):
     assert chosen  # fdr 1.01 in CI_PARAMETERS confirms every best set, so the cost path runs
     assert {c["set"] for c in r["cross_task"]} == chosen
     assert {c["task"] for c in r["cross_task"]} == {"addition", "agreement_rc", "sentiment"}
+    # beyond the pool: all six selectors, every k, for every task; areas inside their CIs; the prose from the numbers
+    from cel_utils.gates import SELECTORS
+
+    sel = r["selectors"]
+    for task in ("addition", "agreement_rc"):
+        rows = [t for t in sel["table"] if t["task"] == task]
+        assert {(t["selector"], t["k"]) for t in rows} == {(s, k) for s in SELECTORS for k in (1, 2)}
+        summary = [s for s in sel["summary"] if s["task"] == task]
+        assert [s["selector"] for s in summary] == list(SELECTORS)
+        for s in summary:
+            curve = [t["heldout_delta_accuracy"] for t in rows if t["selector"] == s["selector"]]
+            assert s["area"] == pytest.approx(sum(curve) / len(curve))
+            assert s["area_ci_low"] - 1e-9 <= s["area"] <= s["area_ci_high"] + 1e-9 and s["forward_equivalents"] >= 0
+        gates = next(p for p in sel["pairs"] if p["task"] == task)
+        assert len(gates["gates"]["gates"]["loss_curve"]) == 2 and len(gates["gates"]["sets"]) == 2
+        g = next(s for s in summary if s["selector"] == "learned gates")
+        line = next(l for l in prose.splitlines() if l.startswith(f"**smollm2-135m / {task}**: the learned gates"))
+        assert f"{g['area']:+.3f} [{g['area_ci_low']:+.3f}, {g['area_ci_high']:+.3f}]" in line
 
 
 def test_screening_at_scale_records(staged):

@@ -167,3 +167,21 @@ def test_theory_heads_kappa_panels_share_one_scale():
     spread = k.max(0) - k.min(0)
     assert spread.min() < 0.1 * (hi - lo)   # a head that looks flat on the shared scale (not on its own)
     assert {tuple(fig.layout[f"yaxis{h + 1}"].range) for h in range(4)} == {(-0.02, 1.02)}
+
+
+def test_selector_curves_one_panel_per_pair_whole_number_ticks_and_ci_bands():
+    """Chapter 2's "beyond the pool" figure: one panel per (model, task), one line per selector with its CI as a
+    closed band around the line, a legend entry per selector (not per panel), whole-number ticks for k."""
+    rows = [{"model": m, "task": t, "selector": s, "k": k, "heads": f"{s}{k}", "heldout_delta_accuracy": 0.01 * k,
+             "ci_low": 0.01 * k - 0.02, "ci_high": 0.01 * k + 0.03}
+            for m, t in (("a", "x"), ("b", "y")) for s in ("pool search", "learned gates") for k in (1, 2, 3)]
+    fig = plots.selector_curves(pd.DataFrame(rows))
+    assert [a.text for a in fig.layout.annotations][:2] == ["a · x", "b · y"]
+    lines = [tr for tr in fig.data if tr.mode == "lines+markers"]
+    bands = [tr for tr in fig.data if tr.fill == "toself"]
+    assert len(lines) == len(bands) == 4 and sum(tr.showlegend for tr in lines) == 2
+    for line, band in zip(lines, bands):
+        assert list(band.x) == [1, 2, 3, 3, 2, 1]
+        assert min(band.y) <= min(line.y) and max(band.y) >= max(line.y)
+        assert list(band.y[:3]) == pytest.approx([0.04, 0.05, 0.06])
+    assert list(fig.layout.xaxis.tickvals) == [1, 2, 3] and list(fig.layout.xaxis2.tickvals) == [1, 2, 3]

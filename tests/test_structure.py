@@ -8,7 +8,7 @@ import cel_utils
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
 ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "formats", "ablation", "scoring", "engine",
-         "stats", "power", "compare", "screening", "approximate", "search", "joint", "effects", "robust", "verdict", "mechanism",
+         "stats", "power", "compare", "screening", "approximate", "search", "joint", "gates", "effects", "robust", "verdict", "mechanism",
          "explanation", "theory", "dynamics", "checks", "exercises", "tables", "plots", "theory_plots", "widgets",
          "shards", "book", "cli"]
 
