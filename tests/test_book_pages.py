@@ -127,7 +127,7 @@ def test_outputs_are_for_readers(staged, chapter):
         if mime in ("text/plain", "stream"):
             assert not re.match(r"^\{['\"]", t), f"a dict is printed: {t[:80]}"
             assert not re.fullmatch(r"'?Figure \d+[a-z]?\.\d+'?", t), f"a bare figure label: {t}"
-            assert not re.search(r"\b(in|took|ran for) \d+(\.\d+)? ?(s|min|seconds|minutes)\b", t), \
+            assert not re.search(r"(\b(in|took|ran for)|:) \d+(\.\d+)? ?(s|min|seconds|minutes)\b", t), \
                 f"a timing line: {t[:80]}"
         if mime == "text/markdown":
             assert not _table_rows_unequal(t), f"a table row of another width: {_table_rows_unequal(t)[:1]}"
