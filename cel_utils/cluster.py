@@ -111,7 +111,7 @@ class Worker:
 @dataclass
 class PoolStats:
     """What a pooled run did: workers started, chunks computed, retried after a worker died, read back from the
-    cache, the engine's forward calls on the workers, and the wall time."""
+    cache, the engine's forward calls on the workers, the wall time, and where each chunk ran (``host:pid``)."""
 
     workers: int = 0
     computed: int = 0
@@ -120,6 +120,7 @@ class PoolStats:
     forwards: int = 0
     wall_seconds: float = 0.0
     died: list = field(default_factory=list)
+    ran_on: dict = field(default_factory=dict)
 
 
 def connect(address: str | None = None) -> bool:
@@ -285,6 +286,7 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
             out[i] = part
             stats.computed += 1
             stats.forwards += int(r["forwards"])
+            stats.ran_on[i] = f"{w.host}:{r['pid']}"
             if done:
                 done(i, part)
             if bar is not None:
@@ -364,5 +366,5 @@ def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, mod
     sc = assemble_screen(heads, chunks, [parts[i] for i in range(len(chunks))], ablation.mode, lm.n_layers)
     stats.wall_seconds = time.perf_counter() - t0
     sc.meta.update({"workers": stats.workers, "computed_chunks": stats.computed, "retried_chunks": stats.retried,
-                    "forwards": stats.forwards, "wall_seconds": stats.wall_seconds})
+                    "forwards": stats.forwards, "wall_seconds": stats.wall_seconds, "ran_on": stats.ran_on})
     return sc
