@@ -48,6 +48,24 @@ def forward_equivalents(n_layers: int, head_sets: Sequence[Sequence[Head]]) -> f
     return 1.0 + sum((n_layers - min(l for l, _ in hs)) / n_layers for hs in head_sets if hs)
 
 
+def pass_tokens(enc: EncodedTask, max_tokens: int = MAX_TOKENS, share_prefix: bool = True) -> int:
+    """Tokens one clean pass of the engine runs over the items: per batch (:func:`batches_by_tokens`), the shared
+    prompt prefix once and every input sequence padded to the batch's longest. A forward-equivalent
+    (:func:`forward_equivalents`) costs about ``2 * parameters * pass_tokens(enc)`` floating-point operations.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.scoring import encode_task
+        >>> from cel_utils.tasks import load_task
+        >>> enc = encode_task(tiny_model("llama"), load_task("addition", n=4))   # 3-shot: a 41-token shared prefix
+        >>> pass_tokens(enc), pass_tokens(enc, share_prefix=False)
+        (93, 216)
+    """
+    P = len(common_prefix(enc)) if share_prefix else 0
+    lengths = [len(x) - P for x in enc.inputs]
+    return sum(P + len(b) * max(lengths[i] for i in b) for b in batches_by_tokens(lengths, max_tokens))
+
+
 def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
     """The longest token prefix shared by every input and ending before the first read of any input.
 
