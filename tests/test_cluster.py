@@ -181,12 +181,26 @@ def test_a_worker_that_cannot_load_the_model_fails_the_run_with_one_line(ray_add
     from cel_utils.cluster import ray_screen
 
     folder, _, lm, enc = harm
-    for model, msg in [(str(tmp_path / "not-here"), "cannot load the model"),
-                       (tiny_folder("llama"), "loaded other weights")]:
+    for model, workers, msg in [(str(tmp_path / "not-here"), 2, "cannot load the model"),
+                                (tiny_folder("llama"), 1, "loaded other weights")]:
         with pytest.raises(CELError) as e:
-            ray_screen(lm, enc, model=model, address=ray_address, workers=2, layers_per_chunk=1, progress=False,
-                       result_cache=False)
+            ray_screen(lm, enc, model=model, address=ray_address, workers=workers, layers_per_chunk=1,
+                       progress=False, result_cache=False)
         assert msg in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+@cluster
+def test_when_every_worker_dies_the_run_stops_with_one_line(ray_address, harm, tmp_path, monkeypatch):
+    """Each worker is killed as it is handed its first chunk: one line saying so and that a rerun resumes."""
+    from cel_utils.cluster import ray_screen
+
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path / "cache"))
+    folder, _, lm, enc = harm
+    with pytest.raises(CELError) as e:
+        ray_screen(lm, enc, model=folder, address=ray_address, workers=2, layers_per_chunk=1, progress=False,
+                   on_dispatch=lambda i, w: os.kill(w.pid, signal.SIGKILL))
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1 and "every Ray worker died" in msg and "run the same command again" in msg
 
 
 @cluster
