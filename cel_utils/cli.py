@@ -5,7 +5,7 @@
     cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
     cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--method exact|gradient|compressed]
                [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
-               [--ray [ADDRESS] [--workers W]] [--chunk-layers K] [--device cpu|cuda]
+               [--ray [ADDRESS] [--workers W] [--threads T]] [--chunk-layers K] [--device cpu|cuda]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
     cel verdict --model M --task T [--n-search N] [--n-confirm N] [--n-heldout N] [--top-k K] [--mode M] [--seed S]
@@ -168,8 +168,8 @@ def cmd_screen(args):
         raise CELError(f"--chunk-layers must be at least 1, got {args.chunk_layers}")
     if args.ray is not None:
         _check_ray_options(args)
-    elif args.workers is not None:
-        raise CELError("--workers sets the size of a Ray pool: give --ray too")
+    elif args.workers is not None or args.threads is not None:
+        raise CELError("--workers and --threads set up a Ray pool: give --ray too")
     if args.confirm is not None:
         if args.confirm < 1 or args.top < 1 or not 0 < args.fdr < 1:
             raise CELError("--confirm and --top must be at least 1 and --fdr between 0 and 1")
@@ -210,7 +210,7 @@ def cmd_screen(args):
         from .cluster import ray_screen
 
         sc = ray_screen(lm, enc, heads, model=args.model, mode=ablation, address=args.ray or None,
-                        workers=args.workers, device=args.device, max_tokens=args.max_tokens,
+                        workers=args.workers, threads=args.threads, device=args.device, max_tokens=args.max_tokens,
                         layers_per_chunk=args.chunk_layers, progress=not args.quiet)
     else:
         sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet,
@@ -245,6 +245,9 @@ def _check_ray_options(args) -> None:
                        "(with the same --chunk-layers it reads the screen back from the result cache)")
     if args.workers is not None and args.workers < 1:
         raise CELError(f"--workers must be at least 1, got {args.workers}")
+    if args.threads is not None and args.threads < 1:
+        raise CELError(f"--threads must be at least 1, got {args.threads}")
+    args.threads = args.threads or 1
     require_ray()
 
 
@@ -515,7 +518,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "ADDRESS (host:port, ray://host:port or auto), or without it a local Ray with this machine's "
                         f"cores; needs the extra: {defaults.CLUSTER_INSTALL}")
     s.add_argument("--workers", type=int, default=None,
-                   help="with --ray: workers in the pool (default: one per GPU with --device cuda, else one per CPU)")
+                   help="with --ray: workers in the pool (default: one per GPU with --device cuda, else one per "
+                        "--threads CPUs), never more than the chunks")
+    s.add_argument("--threads", type=int, default=None,
+                   help="with --ray: CPU threads each worker reserves and gives torch (default 1)")
     s.add_argument("--chunk-layers", type=int, default=defaults.SCREEN_CHUNK_LAYERS,
                    help=f"layers per chunk, the unit of work and of the result cache (default "
                         f"{defaults.SCREEN_CHUNK_LAYERS}); the output does not depend on it")

@@ -242,7 +242,7 @@ def _cause(e: BaseException) -> str:
 
 def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], todo: Sequence[int],
                ablation: Ablation, n_layers: int, weights_hash: str, *, workers: int | None = None,
-               device: str = "cpu", dtype: str = "float32", max_tokens: int = MAX_TOKENS,
+               threads: int = 1, device: str = "cpu", dtype: str = "float32", max_tokens: int = MAX_TOKENS,
                done: Callable[[int, ItemResults], None] | None = None,
                on_dispatch: Callable[[int, Worker], None] | None = None, stats: PoolStats | None = None,
                bar=None) -> dict[int, ItemResults]:
@@ -255,7 +255,7 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
     stats = stats if stats is not None else PoolStats()
     if not todo:
         return {}
-    pool = start_pool(model, workers, device, dtype, weights_hash, at_most=len(todo))
+    pool = start_pool(model, workers, device, dtype, weights_hash, threads=threads, at_most=len(todo))
     stats.workers = len(pool)
     cost = {i: forward_equivalents(n_layers, [[h] for h in chunks[i]]) for i in todo}
     queue = deque(sorted(todo, key=lambda i: (-cost[i], i)))
@@ -307,7 +307,7 @@ def _layers(chunk) -> str:
 
 def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, model: str,
                mode: str | Ablation = "zero", address: str | None = None, workers: int | None = None,
-               device: str = "cpu", max_tokens: int = MAX_TOKENS, layers_per_chunk: int | None = None,
+               threads: int = 1, device: str = "cpu", max_tokens: int = MAX_TOKENS, layers_per_chunk: int | None = None,
                progress: bool = True, result_cache: bool | None = None,
                on_dispatch: Callable[[int, Worker], None] | None = None,
                on_chunk: Callable[[int, ItemResults], None] | None = None) -> Screen:
@@ -317,8 +317,10 @@ def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, mod
     ``lm`` is the driver's copy of the model (any device: it encodes, keys the cache and, in mean mode, computes the
     head means); ``enc`` the encoded items. Chunks in the driver's result cache are read back; every chunk computed
     is stored there as it finishes (``on_chunk(i, result)`` is called after). ``address``: a Ray cluster, default a
-    local Ray with this machine's cores (kept if this process is already connected). ``meta`` holds the workers,
-    chunks computed, retried and resumed, the workers' forward calls and the wall time.
+    local Ray with this machine's cores (kept if this process is already connected). Each worker reserves and uses
+    ``threads`` CPU threads: float32 sums depend on the number of threads in their last bits, so a one-process run
+    with as many torch threads gives byte-identical numbers, another number agrees to rounding. ``meta`` holds the
+    workers, chunks computed, retried and resumed, the workers' forward calls and the wall time.
 
     Example:
         >>> sc = ray_screen(lm, enc, model="smollm2-135m", address="auto", device="cuda")   # doctest: +SKIP
@@ -354,7 +356,8 @@ def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, mod
             require_ray()
             started = connect(address)
             parts.update(run_chunks(model, enc, chunks, todo, ablation, lm.n_layers, lm.weights_hash,
-                                    workers=workers, device=device, dtype=_dtype_name(lm), max_tokens=max_tokens,
+                                    workers=workers, threads=threads, device=device, dtype=_dtype_name(lm),
+                                    max_tokens=max_tokens,
                                     done=done, on_dispatch=on_dispatch, stats=stats, bar=bar))
     finally:
         bar.close()

@@ -210,6 +210,9 @@ def test_more_workers_than_the_cluster_holds_is_one_line(ray_address, harm):
     folder, _, lm, enc = harm
     with pytest.raises(CELError, match="3 workers asked for, but the Ray cluster has room for 2"):
         ray_screen(lm, enc, model=folder, address=ray_address, workers=3, progress=False, result_cache=False)
+    with pytest.raises(CELError, match=r"2 workers asked for, but the Ray cluster has room for 1 \(2 CPU each\)"):
+        ray_screen(lm, enc, model=folder, address=ray_address, workers=2, threads=2, progress=False,
+                   result_cache=False)
 
 
 @cluster
@@ -248,6 +251,8 @@ def test_without_ray_the_command_says_how_to_install_it(harmful_folder, tmp_path
     (["--ray", "--heldout"], "--ray screens only"),
     (["--ray", "--workers", "0"], "--workers must be at least 1"),
     (["--workers", "2"], "give --ray too"),
+    (["--threads", "2"], "give --ray too"),
+    (["--ray", "--threads", "0"], "--threads must be at least 1"),
     (["--chunk-layers", "0"], "--chunk-layers must be at least 1"),
 ])
 def test_ray_options_are_checked_before_anything_loads(extra, msg, tmp_path, capsys, monkeypatch):
