@@ -161,7 +161,11 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
 
 
 def disconnect() -> None:
-    """Leave Ray (stops a local Ray that :func:`connect` started)."""
+    """Leave Ray (stops a local Ray that :func:`connect` started).
+
+    Example:
+        >>> if connect(): disconnect()       # doctest: +SKIP
+    """
     import ray
 
     ray.shutdown()
@@ -177,7 +181,12 @@ def start_pool(model: str, n_workers: int | None, device: str, dtype: str, weigh
     than ``at_most``, the chunks to do) each loading
     ``model`` once; a :class:`CELError` in one line if the cluster cannot hold them, a worker cannot load the model,
     or loads other weights or runs other code than the driver. The workers import this process's ``cel_utils``
-    first (its folder is put on their ``PYTHONPATH``); on other machines, install the same version."""
+    first (its folder is put on their ``PYTHONPATH``); on other machines, install the same version.
+
+    Example:
+        >>> pool = start_pool("smollm2-135m", 2, "cpu", "float32", lm.weights_hash)   # doctest: +SKIP
+        >>> [w.host for w in pool]                                                    # doctest: +SKIP
+    """
     import ray
 
     res = ray.cluster_resources()
@@ -249,7 +258,12 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
     """Evaluate the chunks ``todo`` (indices into ``chunks``) on a pool of workers (:func:`start_pool`), the most
     expensive first, one chunk per idle worker; ``done(i, result)`` is called as each finishes (the driver stores it).
     A worker that dies has its chunk put back and retried on another; when none is left, a :class:`CELError`. The
-    pool is stopped at the end. ``on_dispatch(i, worker)`` is called as chunk ``i`` is handed to a worker."""
+    pool is stopped at the end. ``on_dispatch(i, worker)`` is called as chunk ``i`` is handed to a worker.
+
+    Example:
+        >>> parts = run_chunks("smollm2-135m", enc, chunks, range(len(chunks)), Ablation.of("zero"),
+        ...                    lm.n_layers, lm.weights_hash, workers=2)                   # doctest: +SKIP
+    """
     import ray
 
     stats = stats if stats is not None else PoolStats()
