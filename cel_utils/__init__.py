@@ -21,7 +21,8 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``checks`` (checks for the exercises), ``exercises`` (the offline autograder: registry, held-back checks)
 * ``tables`` (tables for people), ``plots`` (offline plotly figures)
 * ``theory_plots`` (chapter 3's figures), ``widgets`` (live explorers, the kernel-free subset explorer)
-* ``shards`` (screens in shards, ``cel merge``), ``book`` (execute the chapters, build the HTML)
+* ``shards`` (screens in shards, ``cel merge``), ``cluster`` (a screen's chunks on a pool of Ray workers, ``--ray``)
+* ``book`` (execute the chapters, build the HTML)
 * ``cli`` (the ``cel`` command line)
 """
 

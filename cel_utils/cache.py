@@ -1,9 +1,9 @@
 """On-disk result cache: re-running a chapter recomputes only what changed.
 
 An entry holds the per-item results of evaluating a list of head sets on an encoded task. Its key is a
-hash of everything the numbers depend on: the model's content hash, the tokenized items (inputs, reads,
-answers), the head sets, the ablation mode, the method, and the package version. Entries are numpy
-``.npz`` files (loaded with ``allow_pickle=False``) plus a JSON sidecar holding the key and the sha256 of
+hash of everything the numbers depend on: the model's content hash, its dtype, the device (CPU or GPU), the
+tokenized items (inputs, reads, answers), the head sets, the ablation mode, the method, and the package version.
+Entries are numpy ``.npz`` files (loaded with ``allow_pickle=False``) plus a JSON sidecar holding the key and the sha256 of
 the ``.npz``; a change to the package's source changes every key; an entry whose checksum does not match is treated as missing and recomputed.
 
 Location: ``$CEL_CACHE_DIR`` if set, else ``~/.cache/cel_utils``. ``CEL_NO_CACHE=1`` (or ``cel ... --no-cache``)
@@ -71,9 +71,25 @@ def code_hash() -> str:
     return _CODE[0]
 
 
-def make_key(lm, enc, head_sets, mode: str, method: str = "exact", extra: dict | None = None) -> str:
+def device_type(device) -> str:
+    """The kind of device numbers were computed on, as a cache key holds it: ``"cpu"``, ``"cuda"``, ...
+
+    Example:
+        >>> device_type("cuda:1"), device_type("cpu")
+        ('cuda', 'cpu')
+    """
+    return str(device).split(":")[0]
+
+
+def make_key(lm, enc, head_sets, mode: str, method: str = "exact", extra: dict | None = None,
+             device=None) -> str:
+    """The key of an entry: a hash of the model's weights and dtype, the device the numbers are computed on
+    (``device``, default the model's own: a GPU's numbers never stand in for the CPU's), the tokenized items, the
+    head sets, the ablation mode, the method, the numeric source code and the version."""
+    dev = device_type(device if device is not None else next(lm.model.parameters()).device)
     blob = json.dumps({"model": lm.weights_hash, "code": code_hash(), "dtype": str(next(lm.model.parameters()).dtype),
-                       "items": encoded_hash(enc), "head_sets": [sorted(map(list, hs)) for hs in head_sets],
+                       "device": dev, "items": encoded_hash(enc),
+                       "head_sets": [sorted(map(list, hs)) for hs in head_sets],
                        "mode": mode, "method": method, "version": __version__, "extra": extra or {}},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

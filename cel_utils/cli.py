@@ -5,6 +5,7 @@
     cel eval   --model M --task T [--split S] [--n N] [--seed S] [--ablate L0H6,L1H1] [--mode zero|mean] [--out F]
     cel screen --model M --task T [--split S] [--n N] [--seed S] [--heads SPEC] [--method exact|gradient|compressed]
                [--confirm C [--top K]] [--fdr Q] [--heldout] [--shard K/N] [--mode zero|mean] [--out F]
+               [--ray [ADDRESS] [--workers W] [--threads T]] [--chunk-layers K] [--device cpu|cuda]
     cel merge  SHARD.json ... [--out F]
     cel search --model M --task T [--n N] [--screen F] [--pool M] [--max-size K] [--strategy S] [--random-sets R]
                [--gate-steps N] [--gate-penalty P[,P...]]      (--strategy gates: no --screen, no --pool)
@@ -67,13 +68,14 @@ def _header(lm, task, args) -> dict:
                            "task_items_hash": task.items_hash(), "task_source": task.source}}
 
 
-def _load(args, task=None):
-    """The run's task (cheap checks first; ``task`` when already loaded) and model."""
+def _load(args, task=None, device=None):
+    """The run's task (cheap checks first; ``task`` when already loaded) and model (on ``device``, default
+    ``--device``)."""
     from .models import load_model
     from .tasks import load_task
 
     task = task or load_task(args.task, split=args.split, n=args.n, seed=args.seed)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model(args.model, device=device or args.device, dtype=args.dtype)
     return lm, task
 
 
@@ -163,6 +165,12 @@ def cmd_screen(args):
     check_out(args.out)
     check_head_spec(args.heads or "")
     _check_sizes(args)
+    if args.chunk_layers < 1:
+        raise CELError(f"--chunk-layers must be at least 1, got {args.chunk_layers}")
+    if args.ray is not None:
+        _check_ray_options(args)
+    elif args.workers is not None or args.threads is not None:
+        raise CELError("--workers and --threads set up a Ray pool: give --ray too")
     if args.confirm is not None:
         if args.confirm < 1 or args.top < 1 or not 0 < args.fdr < 1:
             raise CELError("--confirm and --top must be at least 1 and --fdr between 0 and 1")
@@ -173,27 +181,47 @@ def cmd_screen(args):
         if args.split not in (None, "search"):
             raise CELError("--confirm screens on the search split: leave out --split")
         args.split = "search"
-    lm, task = _load(args)
+    # with --ray the driver's copy of the model (encoding, cache keys, mean-mode head means) stays on the CPU
+    lm, task = _load(args, device="cpu" if args.ray is not None else None)
     if args.heldout and task.split is None:
         raise CELError("--heldout needs a built-in task (a JSONL task has no held-out split)")
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads) if args.heads else all_heads(lm)
     if args.shard:
         from .shards import shard_heads
 
-        heads = shard_heads(heads, *args.shard)
+        k, n = args.shard
+        screened, heads = heads, shard_heads(heads, k, n)
+        if not heads:
+            raise CELError(f"shard {k}/{n} holds no heads: it screens the layers {k - 1} modulo {n}, and no screened "
+                           f"head is in one (the model has {lm.n_layers} layers): use fewer shards")
     enc = encode_task(lm, task)
     ablation = _ablation(lm, enc, args.mode)
     out = _header(lm, task, args)
     out["method"] = args.method
     if args.shard:
+        from .shards import screen_heads_record
+
         out["shard"] = f"{args.shard[0]}/{args.shard[1]}"
+        out["screen_heads"] = screen_heads_record(args.heads, lm.n_layers, lm.n_heads)
     if args.method != "exact":
         out.update(_approximate_screen(lm, task, enc, heads, ablation, args))
         emit(out, args.out)
         return
-    sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet, max_tokens=args.max_tokens)
+    if args.ray is not None:
+        from .cluster import ray_screen
+
+        sc = ray_screen(lm, enc, heads, model=args.model, mode=ablation, address=args.ray or None,
+                        workers=args.workers, threads=args.threads, device=args.device, max_tokens=args.max_tokens,
+                        layers_per_chunk=args.chunk_layers, progress=not args.quiet)
+    else:
+        sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet,
+                    max_tokens=args.max_tokens, layers_per_chunk=args.chunk_layers)
     rec = sc.record(seed=args.seed, fdr=args.fdr)
     timing = rec.pop("timing")
+    if args.ray is not None:
+        timing.update({"wall_seconds": round(sc.meta["wall_seconds"], 3), "workers": sc.meta["workers"],
+                       "computed_chunks": sc.meta["computed_chunks"], "retried_chunks": sc.meta["retried_chunks"],
+                       "forwards": sc.meta["forwards"]})
     out.update(rec)
     cands = [(h["layer"], h["head"]) for h in out["heads"] if h["candidate"]]
     if args.heldout and cands:
@@ -205,6 +233,23 @@ def cmd_screen(args):
         out["confirm"] = _confirm(lm, sc, args, ablation)
     out["timing"] = timing
     emit(out, args.out)
+
+
+def _check_ray_options(args) -> None:
+    """``--ray`` runs the exact screen alone, and needs the ``ray`` package (one line saying how to install it)."""
+    from .cluster import require_ray
+
+    if args.method != "exact":
+        raise CELError("--ray runs the exact screen: leave out --method (or --method exact)")
+    if args.confirm is not None or args.heldout:
+        raise CELError("--ray screens only: run --confirm or --heldout with a plain `cel screen` afterwards "
+                       "(with the same --chunk-layers it reads the screen back from the result cache)")
+    if args.workers is not None and args.workers < 1:
+        raise CELError(f"--workers must be at least 1, got {args.workers}")
+    if args.threads is not None and args.threads < 1:
+        raise CELError(f"--threads must be at least 1, got {args.threads}")
+    args.threads = args.threads or 1
+    require_ray()
 
 
 def _confirm(lm, sc, args, ablation) -> dict:
@@ -506,6 +551,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"false-discovery rate of the candidate and confirmation rules (default {defaults.FDR:g})")
     s.add_argument("--shard", type=parse_shard_arg, default=None,
                    help="K/N: screen only shard K of N (by layer); combine the outputs with `cel merge`")
+    s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="evaluate the chunks on a pool of Ray workers, each loading the model once: the Ray cluster at "
+                        "ADDRESS (host:port, ray://host:port or auto), or without it a local Ray with this machine's "
+                        f"cores; needs the extra: {defaults.CLUSTER_INSTALL}")
+    s.add_argument("--workers", type=int, default=None,
+                   help="with --ray: workers in the pool (default: one per GPU with --device cuda, else one per "
+                        "--threads CPUs), never more than the chunks")
+    s.add_argument("--threads", type=int, default=None,
+                   help="with --ray: CPU threads each worker reserves and gives torch (default 1)")
+    s.add_argument("--chunk-layers", type=int, default=defaults.SCREEN_CHUNK_LAYERS,
+                   help=f"layers per chunk, the unit of work and of the result cache (default "
+                        f"{defaults.SCREEN_CHUNK_LAYERS}); the output does not depend on it")
     s.set_defaults(fn=cmd_screen)
 
     se = sub.add_parser("search", help="joint ablation search over the top screened heads")

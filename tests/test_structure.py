@@ -10,7 +10,7 @@ PKG = Path(cel_utils.__file__).parent
 ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "formats", "ablation", "scoring", "engine",
          "stats", "power", "compare", "screening", "approximate", "search", "joint", "gates", "effects", "robust", "verdict", "mechanism",
          "explanation", "theory", "dynamics", "checks", "exercises", "tables", "plots", "theory_plots", "widgets",
-         "shards", "book", "cli"]
+         "shards", "cluster", "book", "cli"]
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
