@@ -401,7 +401,8 @@ def cmd_verdict(args):
     if args.power_sims < 0:
         raise CELError(f"--power-sims must be at least 0, got {args.power_sims}")
     s = VerdictSettings(n_search=args.n_search, n_confirm=args.n_confirm, n_heldout=args.n_heldout, top_k=args.top_k,
-                        fdr=args.fdr, seed=args.seed, mode=args.mode, power_sims=args.power_sims)
+                        fdr=args.fdr, seed=args.seed, mode=args.mode, power_sims=args.power_sims,
+                        rank_dtype=args.rank_dtype)
     splits = {sp: load_task(args.task, sp, n=getattr(s, f"n_{sp}"), seed=args.seed, clip=True) for sp in SPLITS}
     if splits["search"].split is None:
         raise CELError("cel verdict needs three splits: a built-in task, or a JSONL file with 'split' fields")
@@ -412,7 +413,7 @@ def cmd_verdict(args):
     row = v.row()
     out.update({"verdict": row["verdict"], "row": row, **v.record(),
                 "settings": {k: getattr(s, k) for k in ("n_search", "n_confirm", "n_heldout", "top_k", "fdr",
-                                                         "seed", "power_sims")}})
+                                                         "seed", "power_sims", "rank_dtype")}})
     emit(out, args.out)
 
 
@@ -596,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--heads", default=None, help="heads to screen (default: all), e.g. L0H6,L3 or all")
     v.add_argument("--power-sims", type=int, default=defaults.POWER_SIMS,
                    help="simulations of the whole pipeline's power (0: skip)")
+    v.add_argument("--rank-dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="dtype of the search screen, which only ranks (chapter 1a: bfloat16); confirm and held-out "
+                        "stay float32")
     v.set_defaults(fn=cmd_verdict)
 
     r = sub.add_parser("robust", help="is it a capability? formats, free generation, ablation types, label shift, "
