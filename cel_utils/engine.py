@@ -250,7 +250,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     def score(b: ReadBatch, hidden, k):
         B = len(b.ids)
         rows = (torch.arange(k, device=dev)[:, None] * B + b.rows[None]).reshape(-1)  # set j: rows j*B..
-        lp, gap = read_stats(logits_at(lm, hidden[rows, b.pos.repeat(k)]), b.tok.repeat(k), enc.continues)
+        lp, gap = stats_at(lm, enc, hidden, rows, b.pos.repeat(k), b.tok.repeat(k))
         return lp.view(k, -1).cpu().numpy(), gap.view(k, -1).cpu().numpy()
 
     try:
@@ -275,6 +275,17 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
         ablator.detach()
         bar.close()
     return lp_out, gap_out
+
+
+def stats_at(lm, enc: EncodedTask, hidden: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor,
+             tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~cel_utils.scoring.read_stats` of the reads at (``rows``, ``pos``) of ``hidden [rows, pos, d_model]``
+    scoring ``tokens``, each ``[reads]``: the LM head runs once per distinct position (the choices of an item read
+    at one position share it), and exact-match tasks skip the log-probs they do not use."""
+    key = rows * hidden.shape[1] + pos
+    at, inverse = torch.unique(key, return_inverse=True)  # distinct positions, and each read's
+    logits = logits_at(lm, hidden[at // hidden.shape[1], at % hidden.shape[1]])  # [positions, vocab]
+    return read_stats(logits, tokens, enc.continues, rows=inverse, log_probs=enc.kind != "em")
 
 
 def read_batch(lm, enc: EncodedTask, seqs: list[int], P: int = 0) -> ReadBatch:
@@ -310,6 +321,6 @@ def read_stats_with(lm, enc: EncodedTask, points_for=None, max_tokens: int = MAX
             att, kw = prefix_kwargs(base, prefix_ids, b.ids, att, len(b.ids))
         with hooks.hooked(lm, points_for(seqs) if points_for else []):
             hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
-        lp, gap = read_stats(logits_at(lm, hidden[b.rows, b.pos]), b.tok, enc.continues)
+        lp, gap = stats_at(lm, enc, hidden, b.rows, b.pos, b.tok)
         lp_out[b.reads], gap_out[b.reads] = lp.cpu().numpy(), gap.cpu().numpy()
     return lp_out, gap_out

@@ -207,26 +207,41 @@ def aggregate(enc: EncodedTask, lp: np.ndarray, gap: np.ndarray, read_item=None,
     return ItemResults(correct=margin > 0, margin=margin, choice_scores=scores)
 
 
-def read_stats(logits: torch.Tensor, tokens: torch.Tensor, continues: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``logits [reads, vocab]``, ``tokens [reads]`` -> (log-prob of token, logit gap to best other).
+def read_stats(logits: torch.Tensor, tokens: torch.Tensor, continues: torch.Tensor | None = None,
+               rows: torch.Tensor | None = None, log_probs: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits [positions, vocab]``, ``tokens [reads]`` -> (log-prob of token, logit gap to best other), each
+    ``[reads]`` in float32. ``rows [reads]``: the logits row each read scores (default: row i for read i), so that
+    choices read at one position share its row.
 
     A ``STOP`` read (exact match, after the answer) has log-prob 0 and gap = best logit among tokens that end
-    the answer minus best logit among those that would continue it (``continues [vocab]``).
+    the answer minus best logit among those that would continue it (``continues [vocab]``). Maxima and picked
+    logits are taken in the logits' own dtype (exact) and converted to float32 before subtracting, so the result
+    equals that of converting the logits first; only the log-sum-exp runs on a float32 copy. ``log_probs=False``
+    (exact-match tasks read only gaps) returns zero log-probs and skips the log-sum-exp over the vocabulary.
+
+    Example:
+        >>> lg = torch.tensor([[0.0, 2.0, 1.0]])
+        >>> lp, gap = read_stats(lg, torch.tensor([1, 2]), rows=torch.tensor([0, 0]))
+        >>> [round(float(x), 3) for x in gap], round(float(lp[0] - lp[1]), 3)
+        ([1.0, -1.0], 1.0)
     """
-    logits = logits.float()
+    rows = torch.arange(len(tokens), device=logits.device) if rows is None else rows.to(logits.device)
     stop = tokens < 0
     safe = tokens.clamp(min=0)
-    lse = torch.logsumexp(logits, dim=-1)
-    tgt = logits.gather(1, safe[:, None])[:, 0]
-    other = logits.scatter(1, safe[:, None], float("-inf")).max(dim=-1).values
-    lp, gap = tgt - lse, tgt - other
+    tgt = logits[rows, safe]  # [reads]
+    top2 = logits.topk(2, dim=-1).values[rows]  # [reads, 2]: the best logit is the best other unless the target is it
+    other = torch.where(tgt >= top2[:, 0], top2[:, 1], top2[:, 0])
+    tgt, other = tgt.float(), other.float()
+    gap = tgt - other
+    lp = tgt - torch.logsumexp(logits.float(), dim=-1)[rows] if log_probs else torch.zeros_like(gap)
     if bool(stop.any()):
+        s = stop.nonzero()[:, 0]
         c = continues.to(logits.device)[None]
-        end_gap = logits.masked_fill(c, float("-inf")).max(-1).values - \
-            logits.masked_fill(~c, float("-inf")).max(-1).values
-        gap = torch.where(stop, end_gap, gap)
-        lp = torch.where(stop, torch.zeros_like(lp), lp)
+        last = logits[rows[s]]  # [stop reads, vocab]
+        end_gap = (last.masked_fill(c, float("-inf")).amax(-1).float()
+                   - last.masked_fill(~c, float("-inf")).amax(-1).float())
+        gap = gap.index_put((s,), end_gap)
+        lp = lp.index_put((s,), torch.zeros_like(end_gap))
     return lp, gap
 
 
