@@ -220,7 +220,8 @@ def _plan(lm, enc, head_sets, max_tokens, P):
 @torch.no_grad()
 def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max_tokens, progress, desc,
                         share_prefix) -> tuple[np.ndarray, np.ndarray]:
-    """Per-read log-prob and logit gap ``[n_sets, n_reads]`` of every head set."""
+    """Per-read log-prob (zero for exact-match tasks, which read only gaps) and logit gap ``[n_sets, n_reads]`` of
+    every head set."""
     S = len(head_sets)
     masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
     lp_out = np.zeros((S, enc.n_reads), dtype=np.float64)
