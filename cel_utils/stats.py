@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .defaults import ALPHA, N_BOOT
@@ -121,13 +123,21 @@ def mcnemar_exact(fixes, breaks) -> np.ndarray:
 def _critical_fixes(d: np.ndarray, alpha: float) -> np.ndarray:
     """Smallest number of fixes among ``d`` discordant items that the two-sided exact test rejects at ``alpha``
     (``d + 1`` where no count can)."""
+    table = _critical_fixes_upto(int(np.max(d)) if len(d) else 0, float(alpha))
+    return table[np.asarray(d, dtype=int)]
+
+
+@lru_cache(maxsize=256)
+def _critical_fixes_upto(n_max: int, alpha: float) -> np.ndarray:
+    """:func:`_critical_fixes` for every ``d`` in ``0..n_max`` at once (read-only, cached): the p-value
+    ``min(1, 2 P(X >= f))``, ``X ~ Binomial(d, 1/2)``, falls as ``f`` rises past ``d / 2``, so the first ``f >= ceil(d / 2)``
+    whose p-value is at most ``alpha`` is the critical count."""
     from scipy.stats import binom
 
-    out = np.empty(len(d), dtype=int)
-    for i, n in enumerate(d):
-        f = np.arange(n // 2 + 1, n + 1)
-        ok = f[np.minimum(1.0, 2 * binom.sf(f - 1, n, 0.5)) <= alpha]
-        out[i] = ok[0] if len(ok) else n + 1
+    d, f = np.meshgrid(np.arange(n_max + 1), np.arange(n_max + 1), indexing="ij")  # [d, f]
+    ok = (f >= d // 2 + 1) & (f <= d) & (np.minimum(1.0, 2 * binom.sf(f - 1, d, 0.5)) <= alpha)
+    out = np.where(ok.any(axis=1), ok.argmax(axis=1), np.arange(n_max + 1) + 1)
+    out.flags.writeable = False
     return out
 
 
