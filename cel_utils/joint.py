@@ -289,12 +289,14 @@ class PoolRun:
     strategies: pd.DataFrame            # what each strategy found on the search-split figures
     best: pd.DataFrame                  # the best set of each size: search, confirm and held-out figures
     best_sets: dict[str, list[Head]]    # the best sets by name
-    heldout: Comparison                 # the held-out comparison behind ``best``
+    heldout: Comparison | None          # the held-out comparison behind ``best`` (None: not tested)
     seconds_per_evaluation: float
 
 
-def run_pool(lm, encs: dict, pool, s: JointSettings, ablation: Ablation, explore=None) -> PoolRun:
-    """search (every subset) -> confirm (best set of each size, BH) -> held-out (Holm), for one pool."""
+def run_pool(lm, encs: dict, pool, s: JointSettings, ablation: Ablation, explore=None,
+             heldout: bool = True) -> PoolRun:
+    """search (every subset) -> confirm (best set of each size, BH) -> held-out (Holm), for one pool;
+    ``heldout=False`` stops after the confirmation (``best`` has no held-out columns)."""
     max_size, beam_width, fdr, n_boot, seed, progress = (s.max_size, s.beam_width, s.fdr, s.n_boot, s.seed,
                                                          s.progress)
     m = len(pool)
@@ -316,6 +318,8 @@ def run_pool(lm, encs: dict, pool, s: JointSettings, ablation: Ablation, explore
     best["confirm_delta_accuracy"] = conf.table["delta_accuracy"].to_numpy()
     for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
         best[f"confirm_{k}" if k != "confirmed" else k] = d[k]
+    if not heldout:
+        return PoolRun(tab, strategies, best, best_sets, None, per_eval)
     held, cmp = heldout_test(lm, encs["heldout"], best_sets, mode=ablation, n_boot=n_boot, seed=seed)
     best["heldout_baseline"] = held["baseline_accuracy"].to_numpy()
     best["heldout_delta_accuracy"] = held["delta_accuracy"].to_numpy()
@@ -383,16 +387,22 @@ def add_interaction(lm, heldout, run: PoolRun, ablation: Ablation, n_boot: int, 
 
 def random_pool_control(lm, encs: dict, m: int, s: JointSettings, ablation: Ablation) -> pd.DataFrame:
     """The selection-aware control: the whole pipeline run on ``s.random_pools`` random pools of ``m`` heads; per
-    pool the set it would choose and that set's held-out gain (0 when it chooses nothing)."""
+    pool the set it would choose and that set's held-out gain (0 when it chooses nothing). The choice is made on
+    the confirm split before any held-out test, so only the chosen set is evaluated on held-out items."""
     rng = np.random.default_rng(s.seed)
     everything = all_heads(lm)
     pc = []
     for rep in range(s.random_pools):
         rpool = [everything[i] for i in rng.choice(len(everything), m, replace=False)]
-        rb = run_pool(lm, encs, rpool, s, ablation).best
-        pick = pick_chosen(rb, gain="confirm_delta_accuracy")
+        run = run_pool(lm, encs, rpool, s, ablation, heldout=False)
+        pick = pick_chosen(run.best, gain="confirm_delta_accuracy")
+        gain = 0.0
+        if pick is not None:
+            held = compare_sets(lm, encs["heldout"], {pick["heads"]: run.best_sets[pick["heads"]]}, mode=ablation,
+                                n_boot=s.n_boot, seed=s.seed)
+            gain = float(held.table["delta_accuracy"].iloc[0])
         pc.append({"replicate": rep, "pool": format_heads(rpool), "chosen": None if pick is None else pick["heads"],
-                   "heldout_delta_accuracy": 0.0 if pick is None else float(pick["heldout_delta_accuracy"])})
+                   "heldout_delta_accuracy": gain})
     return pd.DataFrame(pc, columns=["replicate", "pool", "chosen", "heldout_delta_accuracy"])
 
 

@@ -256,6 +256,32 @@ def test_joint_search_on_tiny_model(tiny_llama):
     assert data["pool"] == ["L0H0", "L1H3", "L2H2", "L2H3"] and len(data["subsets"]) == 16 and data["n_heldout"] == 12
 
 
+def test_random_pool_control_grades_each_pools_choice_on_heldout(tiny_llama):
+    """The selection-aware control: each random pool's choice (made on confirm items) and its held-out gain equal
+    a direct evaluation of that set on the held-out items (engine, cache off); a pool that chooses nothing scores 0."""
+    from dataclasses import replace
+
+    from cel_utils.ablation import Ablation, parse_heads, parse_set
+    from cel_utils.engine import evaluate_head_sets
+    from cel_utils.joint import JointSettings, random_pool_control
+    from cel_utils.scoring import encode_task
+    from cel_utils.tasks import load_task
+
+    lm = tiny_llama
+    encs = {split: encode_task(lm, load_task("ioi", split, n=n)) for split, n in
+            (("search", 16), ("confirm", 40), ("heldout", 40))}
+    s = replace(JointSettings(), max_size=2, random_pools=4, fdr=1.01, progress=False, n_boot=200)
+    pc = random_pool_control(lm, encs, 3, s, Ablation.of("zero"))
+    assert len(pc) == 4 and pc["chosen"].notna().any()
+    for r in pc.itertuples():
+        if r.chosen is None:
+            assert r.heldout_delta_accuracy == 0.0
+            continue
+        assert set(parse_set(r.chosen)) <= set(parse_heads(r.pool))
+        d = evaluate_head_sets(lm, encs["heldout"], [[], parse_set(r.chosen)], progress=False, result_cache=False)
+        assert r.heldout_delta_accuracy == pytest.approx(d.accuracy[1] - d.accuracy[0])
+
+
 def test_joint_search_rejects_bad_pools(tiny_llama):
     from cel_utils.joint import joint_search
     from cel_utils.tasks import load_task
