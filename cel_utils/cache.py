@@ -54,7 +54,7 @@ def encoded_hash(enc) -> str:
 
 
 _CODE: list[str] = []
-NUMERIC_SOURCES = ("hooks.py", "models.py", "ablation.py", "scoring.py", "engine.py", "cache.py")
+NUMERIC_SOURCES = ("hooks.py", "models.py", "ablation.py", "scoring.py", "engine.py", "cache.py", "robust.py")
 
 
 def code_hash() -> str:

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import hooks
+from . import cache, hooks
 from .ablation import Ablation, Head, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
@@ -380,6 +380,23 @@ def english_text() -> tuple[str, str]:
 
 
 @torch.no_grad()
+def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[Head]) -> str:
+    """The result-cache key of one :func:`text_nll` pass: the model's weights, dtype and device, the numeric
+    source code, the token chunks, the batch size (padding) and the heads removed (the unablated pass is shared by
+    every call on the same text, e.g. chapter 1c's several batteries of one model)."""
+    import hashlib
+    import json
+
+    from . import __version__
+
+    p = next(lm.model.parameters())
+    blob = json.dumps({"model": lm.weights_hash, "code": cache.code_hash(), "dtype": str(p.dtype),
+                       "device": cache.device_type(p.device), "chunks": chunks, "batch_size": batch_size,
+                       "heads": sorted(map(list, heads)), "method": "text_nll", "version": __version__},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
 def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
              n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Next-token NLL per token (nats) on the first ``n_tokens`` tokens of :func:`english_text`, in chunks of
@@ -392,13 +409,21 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
     chunks = [c for c in chunks if len(c) > 1]
 
     def per_chunk(heads):
+        key = text_nll_key(lm, chunks, batch_size, heads)
+        hit = cache.load(key) if cache.enabled() else None
+        if hit is not None:
+            return hit["per_chunk"]
         out = []
         with ablate_heads(lm, list(heads)):
             for b, x, att in hooks.padded_batches(lm, chunks, batch_size):
-                logp = torch.log_softmax(lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float(), -1)
-                nll = -logp[:, :-1].gather(-1, x[:, 1:, None])[..., 0] * att[:, 1:]  # [batch, pos]
+                logits = lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float()  # [b, pos, vocab]
+                nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:],
+                                                        reduction="none") * att[:, 1:]  # [batch, pos]
                 out += [(float(nll[r].sum()), int(att[r, 1:].sum())) for r in range(len(x))]
-        return np.array(out)  # [chunks, (sum, count)]
+        out = np.array(out)  # [chunks, (sum, count)]
+        if cache.enabled():
+            cache.store(key, {"per_chunk": out})
+        return out
 
     base = per_chunk([])
     tokens = int(base[:, 1].sum())

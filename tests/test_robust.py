@@ -209,6 +209,27 @@ def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
     assert got["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(loss([(1, 2)]) - loss([]), rel=1e-4, abs=1e-6)
 
 
+def test_text_nll_cache_returns_what_a_fresh_run_computes(tiny_llama, monkeypatch, tmp_path):
+    """A second call reads the unablated and ablated passes from the result cache (hits counted), with the same
+    numbers as a run with the cache off; another head is another entry."""
+    from cel_utils import cache
+
+    lm = tiny_llama
+    monkeypatch.setattr(robust, "english_text", lambda: ("Colourless green ideas sleep furiously. " * 15, "t"))
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    first = robust.text_nll(lm, {"a": [(1, 2)]}, n_tokens=200, chunk=64, n_boot=50)
+    hits = cache.STATS["hits"]
+    again = robust.text_nll(lm, {"a": [(1, 2)], "b": [(0, 1)]}, n_tokens=200, chunk=64, n_boot=50)
+    assert cache.STATS["hits"] == hits + 2  # the unablated pass and "a"; "b" is new
+    monkeypatch.setenv("CEL_NO_CACHE", "1")
+    fresh = robust.text_nll(lm, {"a": [(1, 2)], "b": [(0, 1)]}, n_tokens=200, chunk=64, n_boot=50)
+    assert again["baseline_nll"] == first["baseline_nll"] == pytest.approx(fresh["baseline_nll"], rel=1e-6)
+    for name in ("a", "b"):
+        assert again["sets"][name]["text_nll_delta"] == pytest.approx(fresh["sets"][name]["text_nll_delta"],
+                                                                      rel=1e-5, abs=1e-7)
+    assert fresh["sets"]["a"]["text_nll_delta"] != pytest.approx(fresh["sets"]["b"]["text_nll_delta"], abs=1e-7)
+
+
 def test_fixes_by_kind_and_answer_of():
     assert robust.answer_of(" 79\n") == "79" and robust.answer_of("\n") == ""
     kinds = robust.fixes_by_kind([" 7", " 790", " 35", " 79"], [" 79", " 79", " 79", " 80"], ["79", "79", "79", "80"])
