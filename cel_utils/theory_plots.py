@@ -127,8 +127,10 @@ def tradeoff_scatter(points: pd.DataFrame, x_label: str = "change on task A", y_
     panels = list(dict.fromkeys(points["panel"]))
     cols = min(2, len(panels))
     rows = (len(panels) + cols - 1) // cols
+    height = 340 * rows + 80
+    # about 55 px between rows whatever their number (plotly refuses a spacing above 1 / (rows - 1))
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=panels, horizontal_spacing=0.12,
-                        vertical_spacing=0.16 if rows > 1 else 0.1)
+                        vertical_spacing=min(0.16, 55 / height) if rows > 1 else 0.1)
     for i, p in enumerate(panels):
         g = points[points["panel"] == p]
         r, c = i // cols + 1, i % cols + 1
@@ -143,7 +145,7 @@ def tradeoff_scatter(points: pd.DataFrame, x_label: str = "change on task A", y_
         fig.update_xaxes(title_text=x_label, row=r, col=c)
         fig.update_yaxes(title_text=y_label, row=r, col=c)
     fig.update_layout(title=title or "helps one task, hurts the other? (lower right: the toy model's signature)",
-                      height=340 * rows + 80, legend=dict(orientation="h", y=-0.12))
+                      height=height, legend=dict(orientation="h", y=-0.12))
     return fig
 
 

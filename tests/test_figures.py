@@ -185,3 +185,20 @@ def test_selector_curves_one_panel_per_pair_whole_number_ticks_and_ci_bands():
         assert min(band.y) <= min(line.y) and max(band.y) >= max(line.y)
         assert list(band.y[:3]) == pytest.approx([0.04, 0.05, 0.06])
     assert list(fig.layout.xaxis.tickvals) == [1, 2, 3] and list(fig.layout.xaxis2.tickvals) == [1, 2, 3]
+
+
+def test_tradeoff_scatter_lays_out_any_number_of_task_pairs():
+    """Chapter 3 draws one panel per (model, task A, task B): four tasks on two models is 24 panels in 12 rows,
+    which plotly refuses with a fixed row spacing; every panel gets its own axes and its points."""
+    import pandas as pd
+
+    from cel_utils.theory_plots import tradeoff_scatter
+
+    tasks = ["a", "b", "c", "d"]
+    pts = pd.DataFrame([{"model": m, "task_a": x, "task_b": y, "head": f"L0H{i}", "delta_a": 0.1 * i, "delta_b": -0.1 * i,
+                         "confirmed": i == 0} for m in ("m1", "m2") for x in tasks for y in tasks if x != y
+                        for i in range(3)])
+    fig = tradeoff_scatter(pts)
+    assert len(fig.layout.annotations) >= 24  # the panel titles
+    domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")})
+    assert len(domains) == 12 and all(b[0] > a[1] for a, b in zip(domains, domains[1:]))  # rows do not overlap
