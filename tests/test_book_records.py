@@ -5,6 +5,7 @@ printed. A failing chapter and a wrong parameter type are clear errors."""
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cel_utils import book
@@ -356,6 +357,8 @@ def test_capability_records(staged):
         assert it["start"] == land["n_heldout"] and 1 <= it["n"] <= CI_PARAMETERS["01c_capability"]["n_items"]
     localized = {(v["model"], v["task"]): v["chosen"] for v in land["verdict"] if v["holds"]}
     assert r["exploratory"] == (not localized)
+    per_pair = pd.Series([(b["model"], b["task"]) for b in r["batteries"] if b["role"] == "confirmed head"]).value_counts()
+    assert (per_pair <= r["other_confirmed"]).all()
     for b in r["batteries"]:
         assert [f["name"] for f in b["formats"]][0] == "default" and len(b["formats"]) == 8
         assert set(b["ablations"]) >= {"zero", "mean", "resample"} and b["label"] in LABELS
@@ -363,5 +366,10 @@ def test_capability_records(staged):
         if b["role"] == "chosen head":
             assert localized[b["model"], b["task"]] == b["heads"]
         full = b["role"] != "confirmed head"
+        if not full:  # at most other_confirmed per pair: those with the largest confirm gain besides the chosen head
+            pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (b["model"], b["task"]))
+            gain = {c["head"]: c["delta_accuracy"] for c in pair["confirm"]}
+            rest = sorted((h for h in pair["confirmed"] if h != localized[b["model"], b["task"]]), key=lambda h: -gain[h])
+            assert b["heads"] in rest[:r["other_confirmed"]]
         assert ("constant" in b["ablations"]) == (b["role"] in ("chosen head", "exploratory"))
         assert (b["collateral"]["text_tokens"] > 0) == full
