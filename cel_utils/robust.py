@@ -414,7 +414,7 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
         if hit is not None:
             return hit["per_chunk"]
         out = []
-        with ablate_heads(lm, list(heads)):
+        with torch.no_grad(), ablate_heads(lm, list(heads)):
             for b, x, att in hooks.padded_batches(lm, chunks, batch_size):
                 logits = lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float()  # [b, pos, vocab]
                 nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:],
