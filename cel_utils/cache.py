@@ -81,18 +81,22 @@ def device_type(device) -> str:
     return str(device).split(":")[0]
 
 
+def key_of(lm, fields: dict, device=None) -> str:
+    """The key of an entry: a hash of the model's weights and dtype, the device the numbers are computed on
+    (``device``, default the model's own: a GPU's numbers never stand in for the CPU's), the numeric source code,
+    the version, and what the computation reads (``fields``, JSON-serialisable)."""
+    p = next(lm.model.parameters())
+    dev = device_type(device if device is not None else p.device)
+    blob = json.dumps({"model": lm.weights_hash, "code": code_hash(), "dtype": str(p.dtype), "device": dev,
+                       "version": __version__, **fields}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
 def make_key(lm, enc, head_sets, mode: str, method: str = "exact", extra: dict | None = None,
              device=None) -> str:
-    """The key of an entry: a hash of the model's weights and dtype, the device the numbers are computed on
-    (``device``, default the model's own: a GPU's numbers never stand in for the CPU's), the tokenized items, the
-    head sets, the ablation mode, the method, the numeric source code and the version."""
-    dev = device_type(device if device is not None else next(lm.model.parameters()).device)
-    blob = json.dumps({"model": lm.weights_hash, "code": code_hash(), "dtype": str(next(lm.model.parameters()).dtype),
-                       "device": dev, "items": encoded_hash(enc),
-                       "head_sets": [sorted(map(list, hs)) for hs in head_sets],
-                       "mode": mode, "method": method, "version": __version__, "extra": extra or {}},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    """:func:`key_of` an engine result: the tokenized items, the head sets, the ablation mode and the method."""
+    return key_of(lm, {"items": encoded_hash(enc), "head_sets": [sorted(map(list, hs)) for hs in head_sets],
+                       "mode": mode, "method": method, "extra": extra or {}}, device)
 
 
 def _paths(key: str) -> tuple[Path, Path]:

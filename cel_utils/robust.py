@@ -379,24 +379,15 @@ def english_text() -> tuple[str, str]:
     return "\n\n".join(keep), "explanatory paragraphs of the Python reference documentation (pydoc_data.topics)"
 
 
-@torch.no_grad()
 def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[Head]) -> str:
-    """The result-cache key of one :func:`text_nll` pass: the model's weights, dtype and device, the numeric
-    source code, the token chunks, the batch size (padding) and the heads removed (the unablated pass is shared by
-    every call on the same text, e.g. chapter 1c's several batteries of one model)."""
-    import hashlib
-    import json
-
-    from . import __version__
-
-    p = next(lm.model.parameters())
-    blob = json.dumps({"model": lm.weights_hash, "code": cache.code_hash(), "dtype": str(p.dtype),
-                       "device": cache.device_type(p.device), "chunks": chunks, "batch_size": batch_size,
-                       "heads": sorted(map(list, heads)), "method": "text_nll", "version": __version__},
-                      sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    """The result-cache key (:func:`cel_utils.cache.key_of`) of one :func:`text_nll` pass: the token chunks, the
+    batch size (padding) and the heads removed (the unablated pass is shared by every call on the same text, e.g.
+    chapter 1c's several batteries of one model)."""
+    return cache.key_of(lm, {"chunks": chunks, "batch_size": batch_size, "heads": sorted(map(list, heads)),
+                             "method": "text_nll"})
 
 
+@torch.no_grad()
 def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
              n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Next-token NLL per token (nats) on the first ``n_tokens`` tokens of :func:`english_text`, in chunks of
@@ -414,7 +405,7 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
         if hit is not None:
             return hit["per_chunk"]
         out = []
-        with torch.no_grad(), ablate_heads(lm, list(heads)):
+        with ablate_heads(lm, list(heads)):
             for b, x, att in hooks.padded_batches(lm, chunks, batch_size):
                 logits = lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float()  # [b, pos, vocab]
                 nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:],
