@@ -292,12 +292,13 @@ def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, st
 
 
 def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: int = N_BOOT, seed: int = 0,
-                   constant_steps: int = 5) -> dict:
+                   constant_steps: int = 5, means: torch.Tensor | None = None) -> dict:
     """The held-out change in accuracy when ``heads`` are removed four ways, each with a paired-bootstrap CI:
-    ``zero``, ``mean`` (means over the search prompts), ``resample`` (another item's output) and ``constant``
-    (the best constant, fit on the search split; ``constant_steps=0`` skips it)."""
+    ``zero``, ``mean`` (means over the search prompts, or ``means`` when given: ``[n_layers, n_heads, d_head]``
+    computed there), ``resample`` (another item's output) and ``constant`` (the best constant, fit on the search
+    split; ``constant_steps=0`` skips it)."""
     enc, search_enc = encode_task(lm, task), encode_task(lm, search)
-    means = compute_head_means(lm, search_enc.inputs)
+    means = compute_head_means(lm, search_enc.inputs) if means is None else means
     base = evaluate(lm, enc)
     results = {"zero": evaluate(lm, enc, list(heads)),
                "mean": evaluate(lm, enc, list(heads), mode=Ablation("mean", means)),
@@ -494,6 +495,9 @@ class RobustSettings:
     other_tasks: tuple = ()      # tasks on which the cost is measured
     n_other: int = 100
     generate: bool = True        # free generation (exact-match tasks)
+    nll_sets: tuple | None = None       # the sets whose text NLL is measured (None: all); a set not named here is
+    #                                     measured anyway when the cost decides its label (every other check passed)
+    constant_sets: tuple | None = None  # the sets for which the best constant is fit (None: all)
 
 
 @dataclass
@@ -539,7 +543,10 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
             **overrides) -> list[Battery]:
     """Every check of this module for each named head set on ``task_name`` (a built-in task with formats), on
     ``n`` items of the ``split`` from item ``start`` on; the head means and the best constant come from the
-    search split. One :class:`Battery` per set, each with its :func:`label`."""
+    search split. All sets share one pass of each check, so the unablated runs (every format, free generation,
+    the other tasks) are made once. The text NLL runs for the sets in ``nll_sets`` and for every set whose label
+    the cost decides; the best constant is fit for those in ``constant_sets``. One :class:`Battery` per set, each
+    with its :func:`label`."""
     s = replace(settings or RobustSettings(), **overrides)
     full = load_task(task_name, s.split, seed=s.seed)
     if s.start + s.n > len(full):
@@ -549,36 +556,45 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     confirm = load_task(task_name, "confirm", seed=s.seed)
     fmt, per_item = format_changes(lm, task, sets, s.n_boot, s.seed)
     gen = generation(lm, task, sets, s.n_boot, s.seed) if s.generate else {}
-    nll = text_nll(lm, sets, s.text_tokens, n_boot=s.n_boot, seed=s.seed) if s.text_tokens > 0 else {}
     others = other_tasks(lm, sets, list(s.other_tasks), s.n_other, s.seed, s.n_boot) if s.other_tasks else None
     ctl_name = CONTROL_TASKS.get(task_name)
     ctl = other_tasks(lm, sets, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name else None
     enc_h, enc_c = encode_task(lm, task), encode_task(lm, confirm)
     base_h, base_c = evaluate(lm, enc_h), evaluate(lm, enc_c)
-    out = []
+    means = compute_head_means(lm, encode_task(lm, search).inputs)  # [n_layers, n_heads, d_head]
+    parts = {}
     for name, heads in sets.items():
         heads = list(heads)
         d = fmt[fmt["set"] == name]["delta"].to_numpy()
         sign = transfer(d, per_item[name], n_boot=s.n_boot, seed=s.seed)
-        abl = ablation_types(lm, task, search, heads, s.n_boot, s.seed, s.constant_steps)
+        steps = s.constant_steps if s.constant_sets is None or name in s.constant_sets else 0
+        abl = ablation_types(lm, task, search, heads, s.n_boot, s.seed, steps, means=means)
         shift = label_shift(task, confirm, base_h, evaluate(lm, enc_h, heads), base_c, s.n_boot, s.seed)
-        coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
-        if nll:
-            coll.update(text_nll_delta=nll["sets"][name]["text_nll_delta"], text_nll_ci_low=nll["sets"][name]["ci_low"],
-                        text_nll_ci_high=nll["sets"][name]["ci_high"], text_tokens=nll["text_tokens"],
-                        text_source=nll["source"], baseline_nll=nll["baseline_nll"])
-        if others is not None:
-            coll["other_tasks"] = others[others["set"] == name].drop(columns="set").to_dict("records")
-        ctl_row = {} if ctl is None else ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
         g = gen.get("sets", {}).get(name) if gen else None
-        checks = {"transfers": sign["transfers"], "zero_helps": abl["zero"]["ci_low"] > 0,
+        hurts = None if others is None else bool(others[others["set"] == name]["hurts"].any())
+        checks = {"transfers": sign["transfers"],
+                  "zero_helps": bool(abl["zero"]["ci_low"] > 0 or abl["mean"]["ci_low"] > 0),
                   "mean_helps": abl["mean"]["ci_low"] > 0, "resample_helps": abl["resample"]["ci_low"] > 0,
                   "generation_helps": None if g is None else g["ci_low"] > 0,
                   "label_shift": None if not shift else bool(shift["offset_reproduces"] or shift["opposite_signs"]),
-                  "costly": None if not nll and others is None else bool(
-                      (nll and coll["text_nll_delta"] > COLLATERAL_NLL) or
-                      (others is not None and bool(others[others["set"] == name]["hurts"].any())))}
-        checks["zero_helps"] = bool(checks["zero_helps"] or checks["mean_helps"])
+                  "costly": hurts}
+        parts[name] = (sign, abl, shift, checks)
+    # the text NLL (the costliest check per set): where asked, and wherever the cost decides the label
+    decides = [n for n, p in parts.items() if label({**p[3], "costly": None}) == "capability"]
+    want = [n for n in sets if s.nll_sets is None or n in s.nll_sets or n in decides]
+    nll = text_nll(lm, {n: sets[n] for n in want}, s.text_tokens, n_boot=s.n_boot, seed=s.seed) \
+        if s.text_tokens > 0 and want else {}
+    out = []
+    for name, (sign, abl, shift, checks) in parts.items():
+        coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
+        t = nll.get("sets", {}).get(name) if nll else None
+        if t is not None:
+            coll.update(text_nll_delta=t["text_nll_delta"], text_nll_ci_low=t["ci_low"], text_nll_ci_high=t["ci_high"],
+                        text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"])
+            checks["costly"] = bool(checks["costly"] or t["text_nll_delta"] > COLLATERAL_NLL)
+        if others is not None:
+            coll["other_tasks"] = others[others["set"] == name].drop(columns="set").to_dict("records")
+        ctl_row = {} if ctl is None else ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
         b = Battery(model=lm.name, task=task_name, heads=name, n=len(task), formats=fmt, sign_test=sign,
                     ablations=abl, generation=gen, label_shift=shift, collateral=coll, control_task=ctl_row,
                     checks=checks)

@@ -365,11 +365,17 @@ def test_capability_records(staged):
         assert b["sign_test"]["total"] == 8 and 0 <= b["sign_test"]["positive"] <= 8
         if b["role"] == "chosen head":
             assert localized[b["model"], b["task"]] == b["heads"]
-        full = b["role"] != "confirmed head"
-        if not full:  # at most other_confirmed per pair: those with the largest confirm gain besides the chosen head
+        if b["role"] == "confirmed head":  # at most other_confirmed per pair, largest confirm gain first
             pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (b["model"], b["task"]))
             gain = {c["head"]: c["delta_accuracy"] for c in pair["confirm"]}
             rest = sorted((h for h in pair["confirmed"] if h != localized[b["model"], b["task"]]), key=lambda h: -gain[h])
             assert b["heads"] in rest[:r["other_confirmed"]]
         assert ("constant" in b["ablations"]) == (b["role"] in ("chosen head", "exploratory"))
-        assert (b["collateral"]["text_tokens"] > 0) == full
+        # the text NLL: for the chosen (or exploratory) head, and for any other set only where it decides the label
+        chosen = b["role"] in ("chosen head", "exploratory")
+        assert (b["collateral"]["text_tokens"] > 0) == (chosen or b["label"] in ("capability", "costly")), b["heads"]
+    names = pd.DataFrame([(b["model"], b["task"], b["heads"]) for b in r["batteries"]], columns=["model", "task", "heads"])
+    for (m, t), g in names.groupby(["model", "task"]):
+        pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (m, t))
+        if (m, t) in localized and r["other_confirmed"] >= len(pair["confirmed"]) - 1:
+            assert set(pair["confirmed"]) <= set(g["heads"]), (m, t)  # every confirmed head has a label of its own

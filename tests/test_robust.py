@@ -137,6 +137,41 @@ def test_a_head_that_helps_one_format_only_is_format_specific(planted_task):
     assert b.label == "format-specific"
 
 
+def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, monkeypatch):
+    """One battery over two sets shares the unablated runs; each set's formats, ablation types, sign test, control
+    task and label equal those of a battery run on that set alone (cache off: every number recomputed)."""
+    monkeypatch.setenv("CEL_NO_CACHE", "1")
+    path, prompts = planted_task
+    lm = _planted_model(prompts, constant=True, transfer=True)
+    sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
+    kw = dict(n=6, n_search=6, text_tokens=0, generate=False, constant_steps=0, n_boot=200)
+    both = robust.battery(lm, path, sets, **kw)
+    for b in both:
+        alone = robust.battery(lm, path, {b.heads: sets[b.heads]}, **kw)[0]
+        ra, rb = alone.record(), b.record()
+        for k in ("formats", "ablations", "sign_test", "control_task", "label", "checks"):
+            assert ra[k] == rb[k], (b.heads, k)
+    assert [b.label for b in both] == ["offset", "format-specific"]
+
+
+def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_task, monkeypatch):
+    """The text NLL (the costliest check) runs for the sets named in ``nll_sets`` and for a set that passes every
+    earlier check (its label is capability or costly by the cost alone), not for a set an earlier check labels.
+    Resampling is made to help here (the zero-ablated results), so the planted head passes every check."""
+    path, prompts = planted_task
+    monkeypatch.setattr(robust, "english_text", lambda: ("Colourless green ideas sleep furiously. " * 8, "t"))
+    monkeypatch.setattr(robust, "resample_evaluate",
+                        lambda lm, enc, heads, means, seed=0: robust.evaluate(lm, enc, list(heads)))
+    lm = _planted_model(prompts, constant=True, transfer=True)
+    sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
+    kw = dict(n=6, n_search=6, text_tokens=64, generate=False, constant_steps=0, n_boot=200)
+    lazy = {b.heads: b for b in robust.battery(lm, path, sets, nll_sets=(), **kw)}
+    assert lazy["L0H1"].label == "format-specific" and lazy["L0H1"].collateral["text_tokens"] == 0
+    assert lazy["L1H2"].label in ("capability", "costly") and lazy["L1H2"].collateral["text_tokens"] > 0
+    asked = {b.heads: b for b in robust.battery(lm, path, sets, nll_sets=("L0H1",), **kw)}
+    assert asked["L0H1"].collateral["text_tokens"] > 0 and asked["L0H1"].label == "format-specific"
+
+
 def test_a_label_shift_is_called_a_label_shift():
     """Removal moves every margin toward one label: class A's margins rise (some items flip to right), class B's
     fall without a flip. The per-class changes have opposite signs and a constant label offset fit on the
