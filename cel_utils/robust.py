@@ -498,6 +498,8 @@ class RobustSettings:
     nll_sets: tuple | None = None       # the sets whose text NLL is measured (None: all); a set not named here is
     #                                     measured anyway when the cost decides its label (every other check passed)
     constant_sets: tuple | None = None  # the sets for which the best constant is fit (None: all)
+    brief_sets: tuple = ()              # sets whose battery stops at the formats when their gain does not
+    #                                     transfer (the first check decides the label: format-specific)
 
 
 @dataclass
@@ -545,8 +547,9 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     ``n`` items of the ``split`` from item ``start`` on; the head means and the best constant come from the
     search split. All sets share one pass of each check, so the unablated runs (every format, free generation,
     the other tasks) are made once. The text NLL runs for the sets in ``nll_sets`` and for every set whose label
-    the cost decides; the best constant is fit for those in ``constant_sets``. One :class:`Battery` per set, each
-    with its :func:`label`."""
+    the cost decides; the best constant is fit for those in ``constant_sets``; a set in ``brief_sets`` whose gain
+    does not transfer across the formats stops there (its label is decided: ``format-specific``; its other
+    checks are empty). One :class:`Battery` per set, each with its :func:`label`."""
     s = replace(settings or RobustSettings(), **overrides)
     full = load_task(task_name, s.split, seed=s.seed)
     if s.start + s.n > len(full):
@@ -555,18 +558,22 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     search = load_task(task_name, "search", n=s.n_search, seed=s.seed, clip=True)
     confirm = load_task(task_name, "confirm", seed=s.seed)
     fmt, per_item = format_changes(lm, task, sets, s.n_boot, s.seed)
-    gen = generation(lm, task, sets, s.n_boot, s.seed) if s.generate else {}
-    others = other_tasks(lm, sets, list(s.other_tasks), s.n_other, s.seed, s.n_boot) if s.other_tasks else None
+    signs = {name: transfer(fmt[fmt["set"] == name]["delta"].to_numpy(), per_item[name], n_boot=s.n_boot,
+                            seed=s.seed) for name in sets}
+    brief = [n for n in sets if n in s.brief_sets and not signs[n]["transfers"]]  # labelled by the formats
+    rest = {n: h for n, h in sets.items() if n not in brief}
+    gen = generation(lm, task, rest, s.n_boot, s.seed) if s.generate and rest else {}
+    others = other_tasks(lm, rest, list(s.other_tasks), s.n_other, s.seed, s.n_boot) \
+        if s.other_tasks and rest else None
     ctl_name = CONTROL_TASKS.get(task_name)
-    ctl = other_tasks(lm, sets, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name else None
+    ctl = other_tasks(lm, rest, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name and rest else None
     enc_h, enc_c = encode_task(lm, task), encode_task(lm, confirm)
     base_h, base_c = evaluate(lm, enc_h), evaluate(lm, enc_c)
-    means = compute_head_means(lm, encode_task(lm, search).inputs)  # [n_layers, n_heads, d_head]
-    parts = {}
-    for name, heads in sets.items():
+    means = compute_head_means(lm, encode_task(lm, search).inputs) if rest else None  # [layers, heads, d_head]
+    parts = {n: (signs[n], {}, {}, {"transfers": False}) for n in brief}
+    for name, heads in rest.items():
         heads = list(heads)
-        d = fmt[fmt["set"] == name]["delta"].to_numpy()
-        sign = transfer(d, per_item[name], n_boot=s.n_boot, seed=s.seed)
+        sign = signs[name]
         steps = s.constant_steps if s.constant_sets is None or name in s.constant_sets else 0
         abl = ablation_types(lm, task, search, heads, s.n_boot, s.seed, steps, means=means)
         shift = label_shift(task, confirm, base_h, evaluate(lm, enc_h, heads), base_c, s.n_boot, s.seed)
@@ -585,16 +592,18 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     nll = text_nll(lm, {n: sets[n] for n in want}, s.text_tokens, n_boot=s.n_boot, seed=s.seed) \
         if s.text_tokens > 0 and want else {}
     out = []
-    for name, (sign, abl, shift, checks) in parts.items():
+    for name in sets:
+        sign, abl, shift, checks = parts[name]
         coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
         t = nll.get("sets", {}).get(name) if nll else None
         if t is not None:
             coll.update(text_nll_delta=t["text_nll_delta"], text_nll_ci_low=t["ci_low"], text_nll_ci_high=t["ci_high"],
                         text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"])
             checks["costly"] = bool(checks["costly"] or t["text_nll_delta"] > COLLATERAL_NLL)
-        if others is not None:
+        if others is not None and name not in brief:
             coll["other_tasks"] = others[others["set"] == name].drop(columns="set").to_dict("records")
-        ctl_row = {} if ctl is None else ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
+        ctl_row = {} if ctl is None or name in brief else \
+            ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
         b = Battery(model=lm.name, task=task_name, heads=name, n=len(task), formats=fmt, sign_test=sign,
                     ablations=abl, generation=gen, label_shift=shift, collateral=coll, control_task=ctl_row,
                     checks=checks)

@@ -292,3 +292,33 @@ def test_a_closed_gate_is_an_ablated_head_in_every_family(tiny, mode):
         lp, gap = read_stats_with(tiny, enc, lambda seqs: gate_points(tiny, lambda l: mask[l], ablation))
         got = aggregate(enc, lp[None], gap[None])
         assert np.allclose(got.margin[0], want.margin[j], atol=1e-4) and (got.correct[0] == want.correct[j]).all()
+
+
+def test_pool_search_reads_chapter_2s_sweep_and_chooses_as_it_does(pair, monkeypatch):
+    """compare_selectors' pool search sweeps every subset of the pool in joint_search's order, so the sweep
+    joint_search made is read back from the result cache (no new forward), and it chooses at each size the set
+    joint_search's exhaustive search chose (the same scores: accuracy plus the margin tie-break)."""
+    from cel_utils import gates
+    from cel_utils.joint import joint_search
+    from cel_utils.screening import screen
+
+    lm, splits = pair
+    sc = screen(lm, splits["search"], progress=False)
+    pool = [(int(r.layer), int(r.head_index)) for r in sc.top(3).itertuples()]
+    js = joint_search(lm, splits["search"], splits["confirm"], splits["heldout"], pool, max_size=2, random_sets=2,
+                      random_pools=0, progress=False)
+    first = []
+    real = gates.compare_sets
+
+    def spy(*a, **k):
+        cmp = real(*a, **k)
+        first.append(bool(cmp.baseline.cached))
+        return cmp
+
+    monkeypatch.setattr(gates, "compare_sets", spy)
+    res = compare_selectors(lm, splits, max_k=2, pool_size=3, screen_result=sc, random_sets=1, compressed=False,
+                            progress=False, n_boot=100)
+    assert first[0], "the pool sweep was evaluated again"
+    chosen = res.table[res.table.selector == "pool search"].set_index("k")["heads"]
+    want = js.strategies[js.strategies.strategy == "exhaustive"].set_index("size")["heads"]
+    assert [chosen[k] for k in (1, 2)] == [want[k] for k in (1, 2)]

@@ -152,6 +152,11 @@ def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, monkeyp
         for k in ("formats", "ablations", "sign_test", "control_task", "label", "checks"):
             assert ra[k] == rb[k], (b.heads, k)
     assert [b.label for b in both] == ["offset", "format-specific"]
+    # a brief battery stops at the formats for a set whose gain does not transfer, and only for that one
+    brief = robust.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
+    assert brief[0].record() == both[0].record()
+    assert brief[1].label == "format-specific" and brief[1].ablations == {} and brief[1].control_task == {}
+    assert brief[1].record()["formats"] == both[1].record()["formats"]
 
 
 def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_task, monkeypatch):
