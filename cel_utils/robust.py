@@ -391,13 +391,16 @@ def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[H
 @torch.no_grad()
 def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
              n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """Next-token NLL per token (nats) on the first ``n_tokens`` tokens of :func:`english_text`, in chunks of
-    ``chunk`` tokens: unablated, and the change with each named set removed, with a bootstrap CI over chunks."""
+    """Next-token NLL per token (nats) on ``n_tokens`` tokens of :func:`english_text` (each predicted once, from
+    chunks of ``chunk`` tokens that overlap by one): unablated, and the change with each named set removed, with a
+    bootstrap CI over chunks."""
     from .ablation import ablate_heads
 
     text, source = english_text()
     ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens + 1]
-    chunks = [ids[i:i + chunk] for i in range(0, len(ids) - 1, chunk)]
+    # chunks overlap by one token (each starts with the last token of the one before, which it does not score),
+    # so every one of the n_tokens tokens after the first is predicted exactly once
+    chunks = [ids[i:i + chunk] for i in range(0, len(ids) - 1, chunk - 1)]
     chunks = [c for c in chunks if len(c) > 1]
 
     def per_chunk(heads):

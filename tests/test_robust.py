@@ -234,7 +234,7 @@ def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
     monkeypatch.setattr(robust, "english_text", lambda: (text, "test text"))
     got = robust.text_nll(lm, {"L1H2": [(1, 2)]}, n_tokens=300, chunk=64, batch_size=3, n_boot=100)  # a padded batch
     ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:301]
-    chunks = [ids[i:i + 64] for i in range(0, len(ids) - 1, 64)]
+    chunks = [ids[i:i + 64] for i in range(0, 300, 63)]  # overlapping by one: tokens 1..300 each predicted once
 
     def loss(heads):
         total, count = 0.0, 0
@@ -244,7 +244,7 @@ def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
                 total += float(lm.model(input_ids=x, labels=x).loss) * (len(c) - 1)
                 count += len(c) - 1
         return total / count
-    assert got["text_tokens"] == sum(len(c) - 1 for c in chunks)
+    assert got["text_tokens"] == sum(len(c) - 1 for c in chunks) == 300  # the tokens asked for, no fewer
     assert got["baseline_nll"] == pytest.approx(loss([]), rel=1e-5)
     assert got["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(loss([(1, 2)]) - loss([]), rel=1e-4, abs=1e-6)
 
