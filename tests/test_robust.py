@@ -138,25 +138,20 @@ def test_a_head_that_helps_one_format_only_is_format_specific(planted_task):
 
 
 def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, monkeypatch):
-    """One battery over two sets shares the unablated runs; each set's formats, ablation types, sign test, control
-    task and label equal those of a battery run on that set alone (cache off: every number recomputed)."""
+    """One battery over two sets shares the unablated runs; a set's formats, ablation types, sign test, control
+    task, label and checks equal those of a battery run on that set alone (cache off: every number recomputed).
+    Both sets are brief: the battery stops at the formats for the one whose gain does not transfer, and only
+    for that one."""
     monkeypatch.setenv("CEL_NO_CACHE", "1")
     path, prompts = planted_task
     lm = _planted_model(prompts, constant=True, transfer=True)
-    sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
+    sets = {"L0H1": [(0, 1)], "L1H2": [PLANTED]}  # the planted head second
     kw = dict(n=6, n_search=6, text_tokens=0, generate=False, constant_steps=0, n_boot=200)
-    both = robust.battery(lm, path, sets, **kw)
-    for b in both:
-        alone = robust.battery(lm, path, {b.heads: sets[b.heads]}, **kw)[0]
-        ra, rb = alone.record(), b.record()
-        for k in ("formats", "ablations", "sign_test", "control_task", "label", "checks"):
-            assert ra[k] == rb[k], (b.heads, k)
-    assert [b.label for b in both] == ["offset", "format-specific"]
-    # a brief battery stops at the formats for a set whose gain does not transfer, and only for that one
-    brief = robust.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
-    assert brief[0].record() == both[0].record()
-    assert brief[1].label == "format-specific" and brief[1].ablations == {} and brief[1].control_task == {}
-    assert brief[1].record()["formats"] == both[1].record()["formats"]
+    brief, full = robust.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
+    alone = robust.battery(lm, path, {"L1H2": sets["L1H2"]}, **kw)[0]
+    assert full.record() == alone.record() and alone.label == "offset"
+    assert not brief.sign_test["transfers"] and brief.label == "format-specific"
+    assert brief.ablations == {} and brief.control_task == {} and brief.label_shift == {}
 
 
 def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_task, monkeypatch):
