@@ -46,15 +46,14 @@ from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import backprop_mean_margin, compressed_screen, gradient_screen
 from .compare import compare_sets, heldout_test, paired_table, pick_chosen
 from .defaults import (ALPHA, FDR, GATE_BATCH, GATE_INIT, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS,
-                       GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, SELECTOR_RANDOM_SETS, TIE_BREAK,
-                       progress_enabled)
+                       GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, SELECTOR_RANDOM_SETS, progress_enabled)
 from .engine import forward_equivalents
 from .errors import CELError
 from .io import json_safe
-from .joint import graded_sets, model_scorer
+from .joint import graded_sets, model_scorer, sweep_pool, sweep_scores
 from .scoring import EncodedTask, ItemResults, encode_task
 from .screening import Screen, screen
-from .search import exhaustive, heads_of, percentile_among, subset_masks
+from .search import exhaustive, percentile_among
 from .stats import confirm_decisions
 
 # the hard-concrete stretch (gamma, zeta) of Louizos et al. 2018: a gate is 0 or 1 with positive probability
@@ -691,16 +690,11 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     cost["top-k screen"] = {"forward_equivalents": screen_fe, "seconds": sc.seconds, "n_evaluations": len(sc.heads)}
     pool = ranked[:pool_size]
     t0 = time.perf_counter()
-    # every subset of the pool in one engine call, in chapter 2's order (joint.run_pool): the same result-cache
-    # entry, so a pool chapter 2's joint search already swept is read back, not evaluated again
+    # every subset of the pool in chapter 2's order (joint.sweep_pool): a pool chapter 2's joint search already
+    # swept is read back from the result cache, not evaluated again
     top = len(pool) if len(pool) - max_k <= 1 else max_k  # the whole pool when that costs at most one size more
-    every = [x for x in (heads_of(m, pool) for m in subset_masks(len(pool))) if len(x) <= top]  # the empty set first
-    swept = compare_sets(lm, enc_s, {format_set(x): list(x) for x in every[1:]}, mode=ablation, n_boot=n_boot,
-                         seed=seed, progress=progress)
-    score_of = dict(zip((tuple(sorted(x)) for x in every),
-                        np.concatenate([swept.baseline.accuracy, swept.results.accuracy])
-                        + TIE_BREAK * np.concatenate([swept.baseline.mean_margin, swept.results.mean_margin])))
-    ex = exhaustive(pool, lambda sets: [float(score_of[tuple(sorted(x))]) for x in sets], max_k)
+    score_of = sweep_scores(*sweep_pool(lm, enc_s, pool, ablation, top, n_boot=n_boot, seed=seed, progress=progress))
+    ex = exhaustive(pool, lambda sets: [score_of[tuple(sorted(x))] for x in sets], max_k)
     subsets = [list(c) for k in range(1, max_k + 1) for c in itertools.combinations(pool, k)]
     sel["pool search"] = [sorted(ex.best[k].heads) for k in range(1, max_k + 1)]
     clock["pool search"] = time.perf_counter() - t0

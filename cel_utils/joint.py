@@ -220,6 +220,26 @@ class JointSearch:
                 "n_search": self.n_search, "n_heldout": self.n_explore, "subsets": rows}
 
 
+def sweep_pool(lm, enc, pool, ablation: Ablation, max_size: int | None = None, n_boot: int = N_BOOT, seed: int = 0,
+               progress: bool = False) -> tuple[list[tuple], Comparison]:
+    """Every subset of ``pool`` (up to ``max_size`` heads; None: all), the empty set first, in
+    :func:`cel_utils.search.subset_masks` order, evaluated in one :func:`cel_utils.compare.compare_sets` call.
+    The one order chapter 2's joint search and :func:`cel_utils.gates.compare_selectors` both use, so a sweep of
+    the same pool on the same items is one result-cache entry. Returns (subsets, comparison)."""
+    sets = [heads_of(m, pool) for m in subset_masks(len(pool))]
+    if max_size is not None:
+        sets = [x for x in sets if len(x) <= max_size]
+    return sets, compare_sets(lm, enc, _named(sets[1:]), mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
+
+
+def sweep_scores(sets: Sequence[tuple], cmp: Comparison) -> dict[tuple, float]:
+    """The strategies' score of each swept subset (:func:`sweep_pool`): accuracy + ``TIE_BREAK`` x mean margin,
+    keyed by the sorted subset."""
+    acc = np.concatenate([cmp.baseline.accuracy, cmp.results.accuracy])
+    margin = np.concatenate([cmp.baseline.mean_margin, cmp.results.mean_margin])
+    return {tuple(sorted(x)): float(v) for x, v in zip(sets, acc + TIE_BREAK * margin)}
+
+
 def _subset_table(masks, sets, on_search, on_explore) -> pd.DataFrame:
     """One row per subset (the empty set first) with the search split's and the explore items' figures."""
     rows = {}
@@ -299,12 +319,10 @@ def run_pool(lm, encs: dict, pool, s: JointSettings, ablation: Ablation, explore
     ``heldout=False`` stops after the confirmation (``best`` has no held-out columns)."""
     max_size, beam_width, fdr, n_boot, seed, progress = (s.max_size, s.beam_width, s.fdr, s.n_boot, s.seed,
                                                          s.progress)
-    m = len(pool)
-    masks = subset_masks(m)
-    sets = [heads_of(s, pool) for s in masks]
-    named = _named(sets[1:])  # mask 0 is the empty set: the baseline of the comparison
+    masks = subset_masks(len(pool))
     t0 = time.perf_counter()
-    on_search = compare_sets(lm, encs["search"], named, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
+    sets, on_search = sweep_pool(lm, encs["search"], pool, ablation, n_boot=n_boot, seed=seed, progress=progress)
+    named = _named(sets[1:])  # mask 0 is the empty set: the baseline of the comparison
     per_eval = (time.perf_counter() - t0) / len(sets)
     on_explore = None if explore is None else compare_sets(lm, explore, named, mode=ablation, n_boot=n_boot,
                                                            seed=seed, progress=progress)
