@@ -37,9 +37,9 @@ student-book: venv
 test: venv
 	$(BIN)/python -m pytest -q
 
-# no real model, no notebook, no Ray cluster: tiny random models only
+# no real model, no notebook, no Ray cluster, no multi-process check: tiny random models only
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not real and not notebook and not cluster"
+	$(BIN)/python -m pytest -q -m "not real and not notebook and not cluster and not subprocess"
 
 bench: venv
 	$(BIN)/python benchmarks/bench_screen.py

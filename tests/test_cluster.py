@@ -262,6 +262,7 @@ def test_ray_options_are_checked_before_anything_loads(extra, msg, tmp_path, cap
     assert len(err.splitlines()) == 1 and msg in err, err
 
 
+@pytest.mark.subprocess
 def test_an_unreachable_address_is_one_line_and_quick(harmful_folder, tmp_path):
     """Ray itself retries an unreachable address for minutes; `cel` says in one line that nothing answers there."""
     pytest.importorskip("ray")

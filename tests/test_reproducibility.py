@@ -18,6 +18,7 @@ def _strip_timing(path):
     return d
 
 
+@pytest.mark.subprocess
 def test_same_command_same_bytes(model_dir, tmp_path):
     """Two separate processes, no cache: the same command writes the same bytes (apart from the timing field)."""
     import os
