@@ -42,15 +42,20 @@ RANDOM_POOLS = 5     # random pools put through the whole joint pipeline (the se
 BEAM_WIDTH = 3
 
 # Learned head gates (cel_utils.gates): one hard-concrete gate per head, trained on the search split
-GATE_STEPS = 15          # Adam steps, each one forward and one backward over GATE_BATCH search items
+GATE_STEPS = 30          # Adam steps, each one forward and one backward over GATE_BATCH search items
 GATE_LR = 0.2            # Adam's learning rate on the gates' log-alphas
 GATE_PENALTIES = (0.05,)  # penalty per expected head removed (a removal must raise the mean margin by this, in
                          # nats, to pay for itself); one training run per value
 GATE_TEMPERATURE = 2 / 3  # hard-concrete temperature beta (Louizos et al. 2018; Voita et al. 2019)
-GATE_INIT = 0.0          # initial log-alpha of every gate: P(removed) = P(fully kept) = 0.17, mean gate 0.5
+GATE_INITS = (3.0, 0.0)  # initial log-alpha of every gate, one run per value (and penalty), the search split's
+                         # score picking at each size. 3: P(removed) = 0.010, the intact model, where the gradient
+                         # sees heads that help alone (from 0 alone, 40 steps on SmolLM2's agreement_rc ranked L0H0
+                         # first, a head whose removal costs 0.2 accuracy; from 3, L0H7, the screen's best head);
+                         # 0: P(removed) = 0.17, where a pair that helps only together is seen (tests/test_gates.py)
 GATE_BATCH = 32          # search items per step (the whole default search split)
 GATE_MAX_K = 10          # one learned set per size k = 1..GATE_MAX_K
 SELECTOR_RANDOM_SETS = 3  # random rankings: the random selector and the gates' selection-aware control
+SELECTOR_SWEEP_MAX = 256  # compare_selectors' pool search: every subset up to this many, else a beam search
 
 # Is it a capability? (chapter 1c, cel robust)
 TEXT_TOKENS = 20000     # tokens of general English text on which the change in NLL per token is measured

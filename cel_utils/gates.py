@@ -9,10 +9,10 @@ mean)``), and the gates are learned, the model frozen (Voita et al. 2019; Louizo
   (:func:`sample_gates`); it is exactly 0 (head removed) with probability :func:`prob_removed` and its mean is
   :func:`expected_gate`;
 * :func:`learn_gates`: gradient steps (:class:`SharedAdam`) on the search split only, to raise the mean margin
-  minus ``penalty`` x the expected number of heads removed; one run per penalty of the sweep; each run ranks the
-  heads (most wanted removed first) and the set of size ``k`` is the first ``k`` heads of a ranking (with several
-  penalties, the candidate of each run scored on the search split by the joint search's score). Deterministic
-  for a seed; the loss curve is kept;
+  minus ``penalty`` x the expected number of heads removed; one run per penalty of the sweep and starting point
+  (by default two: the intact model, and gates half open); each run ranks the heads (most wanted removed first)
+  and the set of size ``k`` is the first ``k`` heads of a ranking (with several runs, the candidate of each run
+  scored on the search split by the joint search's score). Deterministic for a seed; the loss curve is kept;
 * :func:`gate_pipeline`: the learned set of each size confirmed on the confirm split (exact McNemar, BH over
   the sizes offered), the chosen one (:func:`cel_utils.compare.pick_chosen`) graded on held-out items (Holm over
   the sizes), and the same pipeline run on random rankings (the selection-aware control);
@@ -26,13 +26,14 @@ Example (a tiny random model, so the numbers mean nothing):
     >>> from cel_utils.tasks import load_task
     >>> lm = tiny_model("llama")
     >>> lg = learn_gates(lm, load_task("ioi", n=4), GateSettings(steps=2, max_k=2, progress=False))
-    >>> sorted(lg.sets), len(lg.curve)
-    ([1, 2], 2)
+    >>> sorted(lg.sets), len(lg.curve)   # 2 steps from each of the two starting points
+    ([1, 2], 4)
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -45,15 +46,17 @@ from tqdm.auto import tqdm
 from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import backprop_mean_margin, compressed_screen, gradient_screen
 from .compare import compare_sets, heldout_test, paired_table, pick_chosen
-from .defaults import (ALPHA, FDR, GATE_BATCH, GATE_INIT, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS,
-                       GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, SELECTOR_RANDOM_SETS, progress_enabled)
+from .defaults import (ALPHA, BEAM_WIDTH, FDR, GATE_BATCH, GATE_INITS, GATE_LR, GATE_MAX_K, GATE_PENALTIES,
+                       GATE_STEPS, GATE_TEMPERATURE, GRADIENT_FORWARD_EQUIVALENTS, N_BOOT, SELECTOR_RANDOM_SETS,
+                       SELECTOR_SWEEP_MAX, progress_enabled)
 from .engine import forward_equivalents
 from .errors import CELError
 from .io import json_safe
 from .joint import graded_sets, model_scorer, sweep_pool, sweep_scores
+from .models import cast
 from .scoring import EncodedTask, ItemResults, encode_task
 from .screening import Screen, screen
-from .search import exhaustive, percentile_among
+from .search import beam, exhaustive, percentile_among
 from .stats import confirm_decisions
 
 # the hard-concrete stretch (gamma, zeta) of Louizos et al. 2018: a gate is 0 or 1 with positive probability
@@ -168,13 +171,14 @@ class GateSettings:
     lr: float = GATE_LR
     penalties: tuple = GATE_PENALTIES        # the sweep: one run per penalty (per expected head removed)
     temperature: float = GATE_TEMPERATURE    # hard-concrete beta
-    init: float = GATE_INIT                  # initial log_alpha of every gate
+    inits: tuple = GATE_INITS                # initial log_alpha of every gate: one run per value (and penalty)
     batch_size: int = GATE_BATCH             # search items per step
     max_k: int = GATE_MAX_K                  # one set per size 1..max_k
     seed: int = 0
     mode: str | Ablation = "zero"
     fdr: float = FDR                         # gate_pipeline: confirmation (BH over the sizes)
     random_sets: int = SELECTOR_RANDOM_SETS  # gate_pipeline: random rankings through the same pipeline
+    eval_dtype: str | None = None            # gate_pipeline: dtype of its evaluations (None: the model's own)
     n_boot: int = N_BOOT
     progress: bool = True
 
@@ -185,6 +189,8 @@ class GateSettings:
                            f"{self.batch_size}, {self.max_k}")
         if not self.penalties or any(not np.isfinite(p) or p < 0 for p in self.penalties):
             raise CELError(f"gate penalties must be a non-empty list of numbers >= 0, got {self.penalties!r}")
+        if not self.inits or any(not np.isfinite(a) for a in self.inits):
+            raise CELError(f"gate inits must be a non-empty list of finite numbers, got {self.inits!r}")
         if not self.lr > 0 or not self.temperature > 0:
             raise CELError(f"gate lr and temperature must be positive, got {self.lr}, {self.temperature}")
         if self.random_sets < 0:
@@ -197,6 +203,7 @@ class GateSettings:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["mode"] = Ablation.of(self.mode).mode
         d["penalties"] = list(self.penalties)
+        d["inits"] = list(self.inits)
         return d
 
 
@@ -238,13 +245,15 @@ class LearnedGates:
     """Gates learned on a task's search split: one ``log_alpha`` per head and run of the penalty sweep.
 
     ``sets``: size ``k`` -> the heads removed at that size (sorted); ``run_of``: which run's ranking gave it.
-    ``curve``: one row per run and step: ``run``, ``penalty``, ``step``, ``loss`` (minus the mean margin on the
-    step's items plus the penalty term), ``mean_margin`` (with gates sampled), ``expected_removed`` (after the step).
+    ``curve``: one row per run and step: ``run``, ``penalty``, ``init``, ``step``, ``loss`` (minus the mean margin
+    on the step's items plus the penalty term), ``mean_margin`` (with gates sampled), ``expected_removed`` (after
+    the step).
     """
 
     heads: list[Head]                 # every head, in all_heads order
     log_alpha: np.ndarray             # [n_runs, n_heads]
-    penalties: list[float]
+    penalties: list[float]            # per run
+    inits: list[float]                # per run: the starting log_alpha of every gate
     sets: dict[int, list[Head]]
     run_of: dict[int, int]
     curve: pd.DataFrame
@@ -263,11 +272,11 @@ class LearnedGates:
         """One row per head and run: ``log_alpha``, ``prob_removed``, ``expected_gate``."""
         beta = self.settings.temperature
         rows = []
-        for r, pen in enumerate(self.penalties):
+        for r, (pen, init) in enumerate(zip(self.penalties, self.inits)):
             la = self.log_alpha[r]
             eg = expected_gate(la, beta)
             pr = prob_removed(la, beta)
-            rows += [{"run": r, "penalty": pen, "head": head_name(h), "log_alpha": float(a),
+            rows += [{"run": r, "penalty": pen, "init": init, "head": head_name(h), "log_alpha": float(a),
                       "prob_removed": float(p), "expected_gate": float(e)}
                      for h, a, p, e in zip(self.heads, la, pr, eg)]
         return pd.DataFrame(rows)
@@ -278,7 +287,8 @@ class LearnedGates:
             "settings": self.settings.record(), "n_items": self.n_items, "n_steps": self.n_steps,
             "seconds": self.seconds, "forward_equivalents": self.forward_equivalents,
             "sets": [{"size": k, "heads": [head_name(h) for h in self.sets[k]], "run": self.run_of[k],
-                      "penalty": self.penalties[self.run_of[k]]} for k in sorted(self.sets)],
+                      "penalty": self.penalties[self.run_of[k]], "init": self.inits[self.run_of[k]]}
+                     for k in sorted(self.sets)],
             "values": self.values().to_dict("records"), "loss_curve": self.curve.to_dict("records")})
 
 
@@ -306,7 +316,9 @@ def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) ->
     Each step draws one noise sample per head (seeded), runs the step's items with the sampled gates
     (:func:`gate_points`, one forward and one backward: :func:`cel_utils.approximate.backprop_mean_margin`) and
     takes a :class:`SharedAdam` step on ``-mean margin + penalty * sum P(removed)``. One run per penalty of
-    ``settings.penalties``; a set per size ``k = 1..max_k`` from the runs' rankings (see the module docstring).
+    ``settings.penalties`` and starting point of ``settings.inits`` (a high start is the intact model, where the
+    gradient sees heads that help alone; a start at 0 removes a sixth of the heads, where a pair that helps only
+    together is seen); a set per size ``k = 1..max_k`` from the runs' rankings (see the module docstring).
     Mean ablation takes its head means from ``items``.
 
     Example:
@@ -324,13 +336,14 @@ def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) ->
     encs: dict[tuple, EncodedTask] = {}
     rows, alphas = [], []
     t0 = time.perf_counter()
-    bar = tqdm(total=s.steps * len(s.penalties), desc=f"learning {L * H} head gates",
+    runs = [(p, a) for p in s.penalties for a in s.inits]
+    bar = tqdm(total=s.steps * len(runs), desc=f"learning {L * H} head gates",
                disable=not progress_enabled(s.progress), leave=False)
     try:
         with frozen(lm):
-            for run, penalty in enumerate(s.penalties):
+            for run, (penalty, init) in enumerate(runs):
                 gen = torch.Generator().manual_seed(s.seed)
-                log_alpha = torch.full((L, H), float(s.init), dtype=torch.float32, requires_grad=True)
+                log_alpha = torch.full((L, H), float(init), dtype=torch.float32, requires_grad=True)
                 opt = SharedAdam(log_alpha, lr=s.lr)
                 for step, idx in enumerate(batches):
                     key = tuple(idx)
@@ -346,19 +359,20 @@ def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) ->
                     pen = penalty * prob_removed(log_alpha, s.temperature).sum()
                     pen.backward()
                     opt.step()
-                    rows.append({"run": run, "penalty": penalty, "step": step, "loss": -margin + float(pen.detach()),
-                                 "mean_margin": margin,
+                    rows.append({"run": run, "penalty": penalty, "init": init, "step": step,
+                                 "loss": -margin + float(pen.detach()), "mean_margin": margin,
                                  "expected_removed": float(prob_removed(log_alpha.detach(), s.temperature).sum())})
                     bar.update(1)
                 alphas.append(log_alpha.detach().reshape(-1).cpu().numpy().astype(float))
     finally:
         bar.close()
     log_alpha = np.stack(alphas)   # [n_runs, n_heads]
-    fe = sum(GRADIENT_FORWARD_EQUIVALENTS * len(idx) / enc_all.n_items for idx in batches) * len(s.penalties)
-    lg = LearnedGates(heads=heads, log_alpha=log_alpha, penalties=list(s.penalties), sets={}, run_of={},
+    fe = sum(GRADIENT_FORWARD_EQUIVALENTS * len(idx) / enc_all.n_items for idx in batches) * len(runs)
+    lg = LearnedGates(heads=heads, log_alpha=log_alpha, penalties=[p for p, _ in runs],
+                      inits=[a for _, a in runs], sets={}, run_of={},
                       curve=pd.DataFrame(rows), seconds=0.0, forward_equivalents=fe, n_steps=s.steps,
                       n_items=enc_all.n_items, settings=s)
-    rankings = [lg.ranking(r) for r in range(len(s.penalties))]
+    rankings = [lg.ranking(r) for r in range(len(runs))]
     if len(rankings) == 1:
         lg.sets = {k: sorted(rankings[0][:k]) for k in range(1, s.max_k + 1)}
         lg.run_of = {k: 0 for k in lg.sets}
@@ -485,7 +499,8 @@ def gate_pipeline(lm, splits: dict, settings: GateSettings | None = None, **over
     the set of every size through the book's gates: confirm (exact McNemar, BH over the sizes offered), choose
     (:meth:`GatePipeline.chosen`), held-out (:func:`cel_utils.compare.heldout_test`: Holm over the sizes), and the
     same confirm -> choose -> held-out on ``random_sets`` random rankings of all heads (the selection-aware
-    control). ``splits``: the three :class:`~cel_utils.tasks.Task` splits by name.
+    control). ``splits``: the three :class:`~cel_utils.tasks.Task` splits by name. The gates learn in ``lm``'s
+    dtype; every evaluation runs in ``eval_dtype`` (e.g. ``"bfloat16"``, about twice as fast on this CPU).
 
     Example:
         >>> gp = gate_pipeline(lm, {s: load_task("agreement", s, n=50) for s in SPLITS}, max_k=5)  # doctest: +SKIP
@@ -496,6 +511,7 @@ def gate_pipeline(lm, splits: dict, settings: GateSettings | None = None, **over
     encs = {k: encode_task(lm, splits[k]) for k in ("search", "confirm", "heldout")}
     ablation = Ablation.of(s.mode).resolved(lm, encs["search"].inputs)  # means (if any) from the search split
     lg = learn_gates(lm, splits["search"], replace(s, mode=ablation))
+    lm = cast(lm, s.eval_dtype) if s.eval_dtype else lm   # the gates learn in lm's dtype; sets are graded in this
     named = {format_set(lg.sets[k]): lg.sets[k] for k in sorted(lg.sets)}
     on_search = compare_sets(lm, encs["search"], named, mode=ablation, n_boot=s.n_boot, seed=s.seed)
     conf = compare_sets(lm, encs["confirm"], named, mode=ablation, n_boot=s.n_boot, seed=s.seed)
@@ -612,13 +628,18 @@ class SelectorComparison:
                      f"random rankings put through the same pipeline chose a set with a larger held-out gain. The "
                      f"pool search's set of the same size, {pr['heads']}, changes it by "
                      f"{pr['heldout_delta_accuracy']:+.3f} [{pr['ci_low']:+.3f}, {pr['ci_high']:+.3f}]. ")
-        curve = self.pipeline.gates.curve
-        n3 = min(3, len(curve))
-        text += (f"Over its {self.pipeline.gates.n_steps} steps the gates' loss went from "
-                 f"{curve['loss'].iloc[:n3].mean():.2f} to {curve['loss'].iloc[-n3:].mean():.2f} (mean of the first "
-                 f"and last {n3} steps), with {curve['expected_removed'].iloc[-1]:.1f} heads removed in expectation "
-                 f"at the end. Learning the gates cost {g.forward_equivalents:.0f} forward-equivalents "
-                 f"({g.seconds:.0f} s); the screen and pool search {p.forward_equivalents:.0f} ({p.seconds:.0f} s).")
+        lg = self.pipeline.gates
+        n3 = min(3, lg.n_steps)
+        runs = []
+        for run, c in lg.curve.groupby("run"):
+            n_sets = sum(r == run for r in lg.run_of.values())
+            runs.append(f"from log-alpha {lg.inits[run]:g} (penalty {lg.penalties[run]:g}) the loss went from "
+                        f"{c['loss'].iloc[:n3].mean():.2f} to {c['loss'].iloc[-n3:].mean():.2f}, with "
+                        f"{c['expected_removed'].iloc[-1]:.1f} heads removed in expectation at the end, and gave "
+                        f"{n_sets} of the {len(lg.sets)} sets")
+        text += (f"Over {lg.n_steps} steps per run (means of the first and last {n3} steps), " + "; ".join(runs)
+                 + f". Learning the gates cost {g.forward_equivalents:.0f} forward-equivalents ({g.seconds:.0f} s); "
+                 f"the screen and pool search {p.forward_equivalents:.0f} ({p.seconds:.0f} s).")
         return text
 
 
@@ -644,20 +665,26 @@ def bootstrap_mean(d: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, alpha: fl
 def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, screen_result: Screen | None = None,
                       gate_settings: GateSettings | None = None, random_sets: int = SELECTOR_RANDOM_SETS,
                       compressed: bool = True, compressed_evals: int | None = None, mode: str | Ablation = "zero",
-                      seed: int = 0, n_boot: int = N_BOOT, progress: bool = True) -> SelectorComparison:
+                      beam_width: int = BEAM_WIDTH, dtype: str | None = None, seed: int = 0, n_boot: int = N_BOOT,
+                      progress: bool = True) -> SelectorComparison:
     """Choose ``k = 1..max_k`` heads on ``splits["search"]`` in six ways and grade every set on
     ``splits["heldout"]`` (the confirm split serves the gates' pipeline only):
 
     * ``top-k screen``: the ``k`` heads whose removal alone raises the search margin most (the exact screen;
       ``screen_result`` reuses one made on search items, e.g. chapter 2's ranking screen, else one is computed);
-    * ``pool search``: chapter 2's search, the best of every subset of size ``k`` of the top ``pool_size``
-      screened heads on the search split (exhaustive; ``pool_size >= max_k``);
+    * ``pool search``: chapter 2's search over the top ``pool_size`` screened heads on the search split
+      (``pool_size >= max_k``): exhaustive, the best of every subset of size ``k``, when the pool has at most
+      ``SELECTOR_SWEEP_MAX`` subsets of sizes 1..max_k, else a beam search of width ``beam_width``;
     * ``gradient``: the top ``k`` of the gradient screen (one forward and one backward);
     * ``compressed sensing``: the top ``k`` of the compressed-sensing screen (``compressed=False`` leaves it out);
     * ``learned gates``: :func:`gate_pipeline` with ``gate_settings`` (``max_k``, ``random_sets``, ``mode`` and
       ``seed`` from here);
     * ``random``: ``random_sets`` random rankings of all heads (the gates' selection-aware control); at each
       ``k`` the mean over the rankings.
+
+    Every forward evaluation (the pool search, compressed sensing's knockouts, the gates' pipeline and all
+    grading) runs in ``dtype`` (None: ``lm``'s own; ``"bfloat16"`` is about twice as fast on this CPU); the
+    gradient screen and the gates learn in ``lm``'s dtype.
 
     Example:
         >>> sc = compare_selectors(lm, splits, max_k=5, pool_size=5)    # doctest: +SKIP
@@ -666,19 +693,22 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     if max_k < 1 or pool_size < max_k:
         raise CELError(f"max_k must be at least 1 and pool_size at least max_k, got max_k={max_k}, "
                        f"pool_size={pool_size}")
+    if beam_width < 1:
+        raise CELError(f"beam_width must be at least 1, got {beam_width}")
     gs = replace(gate_settings or GateSettings(), max_k=max_k, random_sets=random_sets, mode=mode, seed=seed,
-                 n_boot=n_boot, progress=progress)
+                 n_boot=n_boot, progress=progress, eval_dtype=dtype)
     gs.check(lm.n_layers * lm.n_heads)
     t_start = time.perf_counter()
     clock: dict[str, float] = {}
     enc_s, enc_h = encode_task(lm, splits["search"]), encode_task(lm, splits["heldout"])
     ablation = Ablation.of(mode).resolved(lm, enc_s.inputs)
+    ev = cast(lm, dtype) if dtype else lm     # the model every forward evaluation runs on
     L = lm.n_layers
     sel: dict[str, list[list[Head]]] = {}
     cost: dict[str, dict] = {}
     # the exact single-head screen, and the pool search on it
     t0 = time.perf_counter()
-    sc = screen_result if screen_result is not None else screen(lm, splits["search"], mode=ablation, enc=enc_s,
+    sc = screen_result if screen_result is not None else screen(ev, splits["search"], mode=ablation, enc=enc_s,
                                                                  progress=progress)
     clock["screen"] = time.perf_counter() - t0
     if len(sc.heads) < pool_size:
@@ -690,22 +720,34 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     cost["top-k screen"] = {"forward_equivalents": screen_fe, "seconds": sc.seconds, "n_evaluations": len(sc.heads)}
     pool = ranked[:pool_size]
     t0 = time.perf_counter()
-    # every subset of the pool in chapter 2's order (joint.sweep_pool): a pool chapter 2's joint search already
-    # swept is read back from the result cache, not evaluated again
-    top = len(pool) if len(pool) - max_k <= 1 else max_k  # the whole pool when that costs at most one size more
-    score_of = sweep_scores(*sweep_pool(lm, enc_s, pool, ablation, top, n_boot=n_boot, seed=seed, progress=progress))
-    ex = exhaustive(pool, lambda sets: [score_of[tuple(sorted(x))] for x in sets], max_k)
-    subsets = [list(c) for k in range(1, max_k + 1) for c in itertools.combinations(pool, k)]
-    sel["pool search"] = [sorted(ex.best[k].heads) for k in range(1, max_k + 1)]
+    n_subsets = sum(math.comb(len(pool), k) for k in range(1, max_k + 1))
+    if n_subsets <= SELECTOR_SWEEP_MAX:
+        # every subset of the pool in chapter 2's order (joint.sweep_pool): a pool chapter 2's joint search
+        # already swept is read back from the result cache, not evaluated again
+        top = len(pool) if len(pool) - max_k <= 1 else max_k  # the whole pool when that costs at most one size more
+        score_of = sweep_scores(*sweep_pool(ev, enc_s, pool, ablation, top, n_boot=n_boot, seed=seed,
+                                            progress=progress))
+        found = exhaustive(pool, lambda sets: [score_of[tuple(sorted(x))] for x in sets], max_k)
+        evaluated = [list(c) for k in range(1, max_k + 1) for c in itertools.combinations(pool, k)]
+    else:   # too many subsets: chapter 2's beam search, with the same score (accuracy + the margin tie-break)
+        evaluated = []
+        scorer = model_scorer(ev, enc_s, mode=ablation, progress=progress)
+
+        def score(sets):
+            evaluated.extend(list(x) for x in sets if x)
+            return scorer(sets)
+
+        found = beam(pool, score, width=beam_width, max_size=max_k)
+    sel["pool search"] = [sorted(found.best[k].heads) for k in range(1, max_k + 1)]
     clock["pool search"] = time.perf_counter() - t0
-    cost["pool search"] = {"forward_equivalents": screen_fe + forward_equivalents(L, subsets),
+    cost["pool search"] = {"forward_equivalents": screen_fe + forward_equivalents(L, evaluated),
                            "seconds": sc.seconds + clock["pool search"],
-                           "n_evaluations": len(sc.heads) + ex.n_evaluations}
+                           "n_evaluations": len(sc.heads) + found.n_evaluations}
     # the approximate screens
     approx = [("gradient", lambda: gradient_screen(lm, splits["search"], mode=ablation, enc=enc_s))]
     if compressed:
         approx.append(("compressed sensing", lambda: compressed_screen(
-            lm, splits["search"], n_evaluations=compressed_evals, mode=ablation, seed=seed, enc=enc_s)))
+            ev, splits["search"], n_evaluations=compressed_evals, mode=ablation, seed=seed, enc=enc_s)))
     for name, run in approx:
         t0 = time.perf_counter()
         ap = run()
@@ -732,7 +774,7 @@ def compare_selectors(lm, splits: dict, max_k: int = 5, pool_size: int = 5, scre
     base = gp.heldout.baseline   # the unablated model on the held-out items (the same in every comparison)
     t0 = time.perf_counter()
     if rest:
-        held = compare_sets(lm, enc_h, rest, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
+        held = compare_sets(ev, enc_h, rest, mode=ablation, n_boot=n_boot, seed=seed, progress=progress)
         for j, n in enumerate(held.names):
             per_set[n] = (held.results.correct[j], held.results.margin[j])
     clock["held-out grading of the other selectors' sets"] = time.perf_counter() - t0

@@ -84,7 +84,7 @@ def test_ranking_follows_the_push_not_its_noise(pair):
     are pushed up, harder than the penalty pushes the heads the task ignores: they rank last. (Adam with one second
     moment per gate would move every gate about lr per step and rank the pair's noisier gates first.)"""
     lm, splits = pair
-    lg = learn_gates(lm, splits["search"], GateSettings(init=2.0, max_k=2, progress=False))
+    lg = learn_gates(lm, splits["search"], GateSettings(inits=(2.0,), max_k=2, progress=False))
     assert set(lg.ranking()[-2:]) == set(PAIR_HEADS)
 
 
@@ -95,8 +95,10 @@ def test_gates_pick_a_single_planted_head_at_k1(harmful):
     assert lg.sets[1] == [HARMFUL_HEAD]
     assert lg.ranking()[0] == HARMFUL_HEAD and all(HARMFUL_HEAD in lg.sets[k] for k in (1, 2, 3))
     # the loss curve: one row per step, loss = -mean margin + penalty x expected heads removed (before the step)
-    c = lg.curve
-    assert list(c["step"]) == list(range(lg.settings.steps)) and c["loss"].iloc[-1] < c["loss"].iloc[0]
+    assert lg.inits == list(lg.settings.inits) and len(lg.inits) == 2   # the default: two starting points
+    for run, c in lg.curve.groupby("run"):
+        assert list(c["step"]) == list(range(lg.settings.steps)) and c["loss"].iloc[-1] < c["loss"].iloc[0]
+        assert (c["init"] == lg.inits[run]).all()
 
 
 def test_the_penalty_trades_heads_for_margin(harmful):
@@ -104,7 +106,7 @@ def test_the_penalty_trades_heads_for_margin(harmful):
     removed falls); the default penalty lets the planted head go. A sweep runs both and keeps, at each size, the
     candidate that scores best on the search split."""
     lm, splits = harmful
-    s = GateSettings(max_k=2, progress=False)
+    s = GateSettings(steps=15, inits=(0.0,), max_k=2, progress=False)
     i = all_heads(lm).index(HARMFUL_HEAD)
     small, large = (learn_gates(lm, splits["search"], replace(s, penalties=(p,))) for p in (0.05, 100.0))
     assert prob_removed(small.log_alpha[0, i]) > 0.9 > 0.1 > prob_removed(large.log_alpha[0, i])
@@ -117,7 +119,7 @@ def test_the_penalty_trades_heads_for_margin(harmful):
 
 def test_learning_is_deterministic_for_a_seed(harmful):
     lm, splits = harmful
-    s = GateSettings(steps=4, max_k=2, batch_size=8, progress=False)
+    s = GateSettings(steps=4, inits=(0.0,), max_k=2, batch_size=8, progress=False)
     a, b = (learn_gates(lm, splits["search"], s) for _ in range(2))
     c = learn_gates(lm, splits["search"], replace(s, seed=1))
     assert np.array_equal(a.log_alpha, b.log_alpha) and a.curve.equals(b.curve)
@@ -167,7 +169,8 @@ def test_pipeline_statistics_match_the_oracles(pair):
     assert gp.chosen()["heads"] == ok.loc[ok.confirm_delta_accuracy.idxmax(), "heads"]
     assert len(gp.control) == 2 and 0 <= gp.control_percentile() <= 100
     rec = json.loads(json.dumps(gp.record()))
-    assert rec["chosen"] == gp.chosen()["heads"] and len(rec["gates"]["values"]) == len(all_heads(lm))
+    assert rec["chosen"] == gp.chosen()["heads"]
+    assert len(rec["gates"]["values"]) == len(all_heads(lm)) * len(gp.gates.inits)   # a row per head and run
 
 
 def test_the_choice_never_reads_the_heldout_split():
@@ -231,10 +234,10 @@ def test_cel_search_gates_contract(harmful_folder, tmp_path, capsys):
     g, ex = outs["gates"], outs["exhaustive"]
     assert set(g) == set(ex) | {"gates"}
     assert set(g["best"][0]) == set(ex["best"][0]) and set(g["best"][0]["heldout"]) == set(ex["best"][0]["heldout"])
-    assert g["strategy"] == "gates" and g["n_evaluations"] == 8 and len(g["pool"]) == 12
+    assert g["strategy"] == "gates" and g["n_evaluations"] == 16 and len(g["pool"]) == 12   # 8 steps x 2 starts
     assert [b["size"] for b in g["best"]] == [1, 2] and g["best"][0]["heads"] == [head_name(HARMFUL_HEAD)]
     assert g["best"][0]["search"]["delta_accuracy"] == pytest.approx(1.0)
-    assert len(g["gates"]["values"]) == 12 and len(g["gates"]["loss_curve"]) == 8
+    assert len(g["gates"]["values"]) == 24 and len(g["gates"]["loss_curve"]) == 16
     assert [s["heads"] for s in g["gates"]["sets"]] == [b["heads"] for b in g["best"]]
     assert g["gates"]["settings"]["steps"] == 8
     assert [len(c["heldout_delta_accuracy"]) for c in g["random_control"]] == [3, 3]
@@ -322,3 +325,56 @@ def test_pool_search_reads_chapter_2s_sweep_and_chooses_as_it_does(pair, monkeyp
     chosen = res.table[res.table.selector == "pool search"].set_index("k")["heads"]
     want = js.strategies[js.strategies.strategy == "exhaustive"].set_index("size")["heads"]
     assert [chosen[k] for k in (1, 2)] == [want[k] for k in (1, 2)]
+
+
+def test_pool_search_beyond_the_sweep_is_a_beam_search(pair, monkeypatch):
+    """A pool with more subsets than SELECTOR_SWEEP_MAX is searched by chapter 2's beam search with the same score:
+    a beam wider than any size's candidates evaluates every subset, so it chooses what the exhaustive sweep
+    chose at the same counted cost; a beam of width 1 evaluates 1 + 5 + 4 + 3 sets on a pool of 5 (by hand)."""
+    from cel_utils import gates
+
+    lm, splits = pair
+    kw = dict(max_k=3, pool_size=5, random_sets=1, compressed=False, progress=False, n_boot=100,
+              gate_settings=GateSettings(steps=2, inits=(0.0,)))
+    swept = compare_selectors(lm, splits, **kw)
+    monkeypatch.setattr(gates, "SELECTOR_SWEEP_MAX", 0)
+    wide = compare_selectors(lm, splits, beam_width=100, **kw)
+    narrow = compare_selectors(lm, splits, beam_width=1, **kw)
+
+    def pool_search(r):
+        s = r.summary.set_index("selector").loc["pool search"]
+        return (r.table[r.table.selector == "pool search"]["heads"].tolist(), s.forward_equivalents,
+                s.n_evaluations)
+
+    assert pool_search(wide) == pool_search(swept)
+    n_screen = len(all_heads(lm))
+    assert pool_search(swept)[2] == n_screen + 1 + 5 + 10 + 10 and pool_search(narrow)[2] == n_screen + 1 + 5 + 4 + 3
+    assert pool_search(narrow)[1] < pool_search(wide)[1]
+    with pytest.raises(Exception, match="beam_width must be at least 1"):
+        compare_selectors(lm, splits, beam_width=0, **kw)
+
+
+def test_selectors_grade_in_the_dtype_asked_and_learn_in_the_models(pair):
+    """dtype="bfloat16": every set is graded by the bfloat16 copy of the model (each selector's held-out change in
+    mean margin equals a separate evaluation of that set by cast(lm, "bfloat16"), and differs from float32's),
+    while the gates learn in the model's own float32 (the same log-alphas as with no dtype)."""
+    from cel_utils.ablation import parse_set
+    from cel_utils.engine import evaluate_head_sets
+    from cel_utils.models import cast
+    from cel_utils.scoring import encode_task
+
+    lm, splits = pair
+    kw = dict(max_k=2, pool_size=3, random_sets=1, compressed=False, progress=False, n_boot=100,
+              gate_settings=GateSettings(steps=3))
+    f32 = compare_selectors(lm, splits, **kw)
+    b16 = compare_selectors(lm, splits, dtype="bfloat16", **kw)
+    assert np.array_equal(f32.pipeline.gates.log_alpha, b16.pipeline.gates.log_alpha)
+    enc = encode_task(lm, splits["heldout"])
+    got = {}
+    for name, res, model in (("f32", f32, lm), ("b16", b16, cast(lm, "bfloat16"))):
+        t = res.table[res.table.selector != "random"]
+        r = evaluate_head_sets(model, enc, [[]] + [parse_set(h) for h in t["heads"]], progress=False)
+        got[name] = t["heldout_delta_margin"].to_numpy()
+        assert np.allclose(got[name], r.mean_margin[1:] - r.mean_margin[0], atol=1e-5), name
+    assert not np.allclose(got["f32"], got["b16"], atol=1e-5)
+    assert b16.pipeline.gates.settings.eval_dtype == "bfloat16"
