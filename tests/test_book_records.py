@@ -238,7 +238,12 @@ def test_joint_search_records(staged):
             assert s["area"] == pytest.approx(sum(curve) / len(curve))
             assert s["area_ci_low"] - 1e-9 <= s["area"] <= s["area_ci_high"] + 1e-9 and s["forward_equivalents"] >= 0
         gates = next(p for p in sel["pairs"] if p["task"] == task)
-        assert len(gates["gates"]["gates"]["loss_curve"]) == 2 and len(gates["gates"]["sets"]) == 2
+        gs = gates["gates"]["gates"]["settings"]
+        n_runs = len(gs["inits"]) * len(gs["penalties"])
+        assert n_runs == 2 and len(gates["gates"]["gates"]["loss_curve"]) == 2 * n_runs  # 2 steps per run in CI
+        assert len(gates["gates"]["sets"]) == 2
+        # the section ran on the model cast to selector_dtype, and the record says which
+        assert gs["eval_dtype"] is None and r["selector_dtype"] == "bfloat16"
         g = next(s for s in summary if s["selector"] == "learned gates")
         line = next(l for l in prose.splitlines() if l.startswith(f"**smollm2-135m / {task}**: the learned gates"))
         assert f"{g['area']:+.3f} [{g['area_ci_low']:+.3f}, {g['area_ci_high']:+.3f}]" in line
@@ -351,6 +356,8 @@ def test_capability_records(staged):
     verdict's chosen head, set, control or confirmed head, or (nothing localized) an exploratory head."""
     from cel_utils.robust import LABELS
 
+    GATES_ROLE = "learned gates' set (chapter 2)"
+
     r, land = record(staged, "01c_capability"), record(staged, "01a_landscape")
     assert r["batteries"] and len(r["labels"]) == len(r["batteries"])
     for it in r["items"]:
@@ -365,7 +372,7 @@ def test_capability_records(staged):
         # a brief battery (another confirmed head) stops at the formats only when they decide its label
         stopped = not b["ablations"]
         assert set(b["ablations"]) >= {"zero", "mean", "resample"} or (
-            stopped and b["role"] == "confirmed head" and not b["sign_test"]["transfers"]
+            stopped and b["role"] in ("confirmed head", GATES_ROLE) and not b["sign_test"]["transfers"]
             and b["label"] == "format-specific")
         assert b["sign_test"]["total"] == 8 and 0 <= b["sign_test"]["positive"] <= 8
         if b["role"] == "chosen head":
@@ -376,11 +383,20 @@ def test_capability_records(staged):
             rest = sorted((h for h in pair["confirmed"] if h != localized[b["model"], b["task"]]), key=lambda h: -gain[h])
             assert b["heads"] in rest[:r["other_confirmed"]]
         assert ("constant" in b["ablations"]) == (b["role"] in ("chosen head", "exploratory"))
-        if b["role"] == "confirmed head" and b["sign_test"]["transfers"]:
+        if b["role"] in ("confirmed head", GATES_ROLE) and b["sign_test"]["transfers"]:
             assert not stopped and b["control_task"]
         # the text NLL: for the chosen (or exploratory) head, and for any other set only where it decides the label
         chosen = b["role"] in ("chosen head", "exploratory")
         assert (b["collateral"]["text_tokens"] > 0) == (chosen or b["label"] in ("capability", "costly")), b["heads"]
+    # the set chapter 2's learned gates chose has a battery of its own (unless it is the chosen head or set)
+    joint = record(staged, "02_joint_search")
+    for q in joint["selectors"]["pairs"]:
+        c, v = q["gates"]["chosen"], (q["model"], q["task"])
+        if v in localized and c:
+            of_pair = [b for b in r["batteries"] if (b["model"], b["task"]) == v]
+            got = [b["heads"] for b in of_pair if b["role"] == GATES_ROLE]
+            assert got == [c] or (not got and c in {b["heads"] for b in of_pair if b["role"] in (
+                "chosen head", "chosen set (chapter 2)", "all confirmed heads")}), (v, c, got)
     names = pd.DataFrame([(b["model"], b["task"], b["heads"]) for b in r["batteries"]], columns=["model", "task", "heads"])
     for (m, t), g in names.groupby(["model", "task"]):
         pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (m, t))
