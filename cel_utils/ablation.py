@@ -19,16 +19,17 @@ from __future__ import annotations
 import hashlib
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
+import numpy as np
 import torch
 
 from . import hooks
 from .errors import CELError
 
 Head = tuple[int, int]
-MODES = ("zero", "mean")
+KINDS = ("zero", "mean", "resample", "constant", "scale")
 _HEAD_RE = re.compile(r"^L(\d+)H(\d+)$", re.IGNORECASE)
 
 
@@ -120,62 +121,180 @@ def all_heads(lm) -> list[Head]:
 
 @dataclass(frozen=True)
 class Ablation:
-    """How a head is removed: ``mode="zero"`` (its output set to 0) or ``"mean"`` (set to its mean output).
+    """How a head is removed: one of :data:`KINDS`, resolved once by every entry point that ablates.
 
-    Every entry point that ablates takes ``mode`` (a name or an :class:`Ablation`) and optional ``means``
-    ``[n_layers, n_heads, head_dim]``, and resolves them here, once: mean ablation without means computes
-    them over the prompts being scored.
+    * ``zero``: the head's output set to 0;
+    * ``mean``: set to its mean output ``means [n_layers, n_heads, d_head]`` (computed over the prompts being
+      scored when not given: :meth:`resolved`) -- minus zero, the head's *constant* part;
+    * ``constant``: set to fitted constants in ``means`` (the best constant of :mod:`cel_utils.robust`);
+    * ``resample``: set to its output on another item's sequence of the same length (:func:`donors`, seeded by
+      ``seed``; a sequence with no partner gets the ``means``) -- it keeps the head's constant part and removes
+      what it reads from this item (two passes: :func:`cel_utils.engine.evaluate_head_sets` runs them);
+    * ``scale``: the output multiplied by ``alpha`` (``alpha = 0`` is zero ablation, ``alpha = 1`` the intact
+      model, ``alpha > 1`` boosts the head).
+
+    :meth:`replacement` gives the removed value (the engine puts it where a head is masked, bit-identical
+    elsewhere); :meth:`blend` moves each head part of the way (a gate or a mask in [0, 1]: the gates and the
+    gradient screen). No other module writes a replacement.
 
     Example:
         >>> Ablation.of("zero")
-        Ablation(mode='zero', means=None)
+        Ablation(mode='zero', means=None, alpha=0.0, seed=0)
+        >>> Ablation.of("scale", alpha=0.5).describe()
+        'scale 0.5'
         >>> Ablation.of("median")
         Traceback (most recent call last):
         ...
-        cel_utils.errors.CELError: unknown ablation mode 'median'; use one of zero, mean
+        cel_utils.errors.CELError: unknown ablation mode 'median'; use one of zero, mean, resample, constant, scale
     """
 
     mode: str = "zero"
-    means: torch.Tensor | None = None
+    means: torch.Tensor | None = None   # [n_layers, n_heads, d_head]: head means, fitted constants, or fallback
+    alpha: float = 0.0                  # scale: the factor the output is multiplied by
+    seed: int = 0                       # resample: the donors' permutation
 
     def __post_init__(self):
-        if self.mode not in MODES:
-            raise CELError(f"unknown ablation mode {self.mode!r}; use one of {', '.join(MODES)}")
+        if self.mode not in KINDS:
+            raise CELError(f"unknown ablation mode {self.mode!r}; use one of {', '.join(KINDS)}")
+        if self.mode == "scale" and not np.isfinite(self.alpha):
+            raise CELError(f"scale ablation needs a finite alpha, got {self.alpha!r}")
 
     @classmethod
-    def of(cls, mode: "str | Ablation" = "zero", means: torch.Tensor | None = None) -> "Ablation":
+    def of(cls, mode: "str | Ablation" = "zero", means: torch.Tensor | None = None,
+           alpha: float | None = None) -> "Ablation":
         if isinstance(mode, Ablation):
-            return mode if means is None else Ablation(mode.mode, means)
-        return cls(mode, means if mode == "mean" else None)
+            return mode if means is None else replace(mode, means=means)
+        if mode == "scale" and alpha is None:
+            raise CELError("scale ablation needs alpha (the factor the head's output is multiplied by)")
+        return cls(mode, means if mode in ("mean", "constant", "resample") else None,
+                   float(alpha) if alpha is not None and mode == "scale" else 0.0)
+
+    def describe(self) -> str:
+        """The kind as a short name (``"scale 0.5"`` for a scale factor)."""
+        return f"scale {self.alpha:g}" if self.mode == "scale" else self.mode
 
     def resolved(self, lm, token_lists: Sequence[Sequence[int]]) -> "Ablation":
-        """The same ablation with head means computed over ``token_lists`` when mean mode has none yet."""
-        if self.mode == "mean" and self.means is None:
-            return Ablation("mean", compute_head_means(lm, token_lists))
+        """The same ablation with head means computed over ``token_lists`` when mean or resample mode has none yet
+        (a ``constant`` ablation must be given its constants: they are fit, not computed here)."""
+        if self.mode in ("mean", "resample") and self.means is None:
+            return replace(self, means=compute_head_means(lm, token_lists))
+        if self.mode == "constant" and self.means is None:
+            raise CELError("constant ablation needs its fitted constants (cel_utils.robust.best_constant)")
         return self
 
     def fingerprint(self) -> dict:
-        """What the numbers depend on (for cache keys): the mode, and a hash of the means if any."""
-        if self.means is None:
-            return {}
-        return {"means": hashlib.sha256(self.means.detach().cpu().float().numpy().tobytes()).hexdigest()}
+        """What the numbers depend on beyond the mode (for cache keys): a hash of the means, alpha, the seed."""
+        out = {}
+        if self.means is not None:
+            out["means"] = hashlib.sha256(self.means.detach().cpu().float().numpy().tobytes()).hexdigest()
+        if self.mode == "scale":
+            out["alpha"] = self.alpha
+        if self.mode == "resample":
+            out["seed"] = self.seed
+        return out
+
+    def replacement(self, z: torch.Tensor, layer: int) -> torch.Tensor:
+        """The removed value of every head of ``layer`` for ``z [batch, pos, head, d_head]`` (broadcastable to it;
+        the caller keeps the heads it does not remove). Not for ``resample`` (its value comes from a donor)."""
+        if self.mode == "scale":
+            return z * self.alpha
+        if self.mode in ("mean", "constant"):
+            return self.means[layer].to(device=z.device, dtype=z.dtype)[None, None]  # [1, 1, head, d_head]
+        if self.mode == "resample":
+            raise CELError("resample ablation replaces a head by a donor's output: evaluate it with the engine")
+        return torch.zeros((), dtype=z.dtype, device=z.device)
+
+    def blend(self, z: torch.Tensor, layer: int, keep: torch.Tensor) -> torch.Tensor:
+        """Each head of ``layer`` moved part of the way to its removed value: ``keep [head]`` in [0, 1] (1: intact,
+        0: removed), differentiable in ``keep`` (the gates' gate, the gradient screen's mask).
+        ``z [batch, pos, head, d_head]``."""
+        k = keep.to(z.dtype)[None, None, :, None]  # [1, 1, head, 1]
+        if self.mode in ("mean", "constant"):
+            mu = self.means[layer].to(z)[None, None]  # [1, 1, head, d_head]
+            return mu + k * (z - mu)
+        if self.mode == "scale":
+            return z * (k + (1 - k) * self.alpha)
+        if self.mode == "resample":
+            raise CELError("resample ablation has no soft form: use zero, mean or scale for gates and gradients")
+        return z * k
+
+
+def donors(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
+    """For each sequence another sequence of the same length (a derangement within each length; a sequence with
+    no partner of its length is its own donor, marked by the caller): ``[n]`` indices. Resample ablation's donors.
+
+    Example:
+        >>> d = donors([5, 5, 5, 7, 9, 9], seed=0)
+        >>> bool(all(d[i] != i for i in (0, 1, 2, 4, 5))), int(d[3])
+        (True, 3)
+    """
+    rng = np.random.default_rng(seed)
+    lengths = np.asarray(lengths)
+    out = np.arange(len(lengths))
+    for L in np.unique(lengths):
+        idx = np.flatnonzero(lengths == L)
+        if len(idx) > 1:
+            perm = rng.permutation(idx)
+            out[perm] = np.roll(perm, 1)  # a cycle through the shuffled group: nobody is its own donor
+    return out
+
+
+class Resampler:
+    """Resample ablation's two passes as hook points (:func:`cel_utils.hooks.hooked`): :meth:`keep` stores every
+    sequence's clean outputs of the given layers, :meth:`patch` replaces a head set's outputs, at every position
+    after the shared prompt prefix, by its donor's (:func:`donors`; the means where a sequence has none).
+    ``lengths[i]``: sequence ``i``'s tokens after the prefix."""
+
+    def __init__(self, ablation: Ablation, lengths: Sequence[int], layers: Iterable[int]):
+        self.ablation, self.lengths = ablation, list(lengths)
+        self.donor = donors(self.lengths, ablation.seed)
+        self.stored: dict[int, dict[int, torch.Tensor]] = {l: {} for l in layers}  # layer -> seq -> [pos, head, d]
+
+    def keep(self, seqs: Sequence[int]) -> list:
+        def fn_for(l):
+            def fn(z):  # [batch, pos, head, d_head]
+                for r, i in enumerate(seqs):
+                    self.stored[l][i] = z[r, :self.lengths[i]].detach().clone()
+            return fn
+        return [("z", l, fn_for(l)) for l in self.stored]
+
+    def patch(self, heads: Sequence[Head]):
+        """The points for one head set (a function of the batch's sequences, for
+        :func:`cel_utils.engine.read_stats_with`)."""
+        means = self.ablation.means
+
+        def points(seqs):
+            def fn_for(l):
+                hs = [h for ll, h in heads if ll == l]
+
+                def fn(z):
+                    z = z.clone()
+                    for r, i in enumerate(seqs):
+                        d, T = int(self.donor[i]), self.lengths[i]
+                        z[r, :T, hs] = (self.stored[l][d][:T, hs] if d != i else
+                                        means[l, hs].to(z.dtype)[None].expand(T, -1, -1))
+                    return z
+                return fn
+            return [("z", l, fn_for(l)) for l in sorted({l for l, _ in heads})]
+        return points
 
 
 class HeadAblator:
     """Hooks at the ``z`` point (:mod:`cel_utils.hooks`) of every layer; which heads they remove is set per forward.
 
     ``masks`` is a bool tensor ``[rows or 1, n_layers, n_heads]`` (True = ablate), so each batch row can
-    carry its own head set. Rows not ablated in a layer are returned bit-identical (``torch.where``).
+    carry its own head set. Rows not ablated in a layer are returned bit-identical (``torch.where``); the
+    removed value is the :class:`Ablation`'s :meth:`~Ablation.replacement`.
     """
 
-    def __init__(self, lm, mode: str = "zero", means: torch.Tensor | None = None):
-        if mode not in MODES:
-            raise CELError(f"unknown ablation mode {mode!r}; use one of {', '.join(MODES)}")
-        if mode == "mean" and means is None:
-            raise CELError("mean ablation needs head means: see compute_head_means")
+    def __init__(self, lm, ablation: "str | Ablation" = "zero"):
+        ablation = Ablation.of(ablation)
+        if ablation.mode in ("mean", "constant") and ablation.means is None:
+            raise CELError(f"{ablation.mode} ablation needs head means or constants: see compute_head_means")
+        if ablation.mode == "resample":
+            raise CELError("resample ablation replaces a head by a donor's output: evaluate it with the engine")
         self.lm = lm
-        self.mode = mode
-        self.means = means  # [n_layers, n_heads, head_dim]
+        self.ablation = ablation
         self.masks: torch.Tensor | None = None  # [rows, n_layers, n_heads]
         self.layer_active: list[bool] = [False] * lm.n_layers
         self.hooks = None
@@ -188,7 +307,7 @@ class HeadAblator:
             self.layer_active = masks.any(dim=(0, 2)).tolist()
 
     def replace(self, layer: int):
-        """The ``z`` hook function of ``layer``: the masked heads' outputs replaced (zero or mean)."""
+        """The ``z`` hook function of ``layer``: the masked heads' outputs replaced."""
 
         def fn(z):  # [batch, pos, head, d_head]
             if not self.layer_active[layer]:
@@ -198,11 +317,7 @@ class HeadAblator:
             if m.shape[0] not in (1, b):
                 raise RuntimeError(f"head mask has {m.shape[0]} rows for a batch of {b}")
             m = m.to(z.device)[:, None, :, None]  # [rows, 1, head, 1]
-            if self.mode == "zero":
-                repl = torch.zeros((), dtype=z.dtype, device=z.device)
-            else:
-                repl = self.means[layer].to(device=z.device, dtype=z.dtype)[None, None]  # [1, 1, head, d_head]
-            return torch.where(m, repl, z)
+            return torch.where(m, self.ablation.replacement(z, layer), z)
 
         return fn
 
@@ -232,11 +347,10 @@ def row_masks(lm, head_sets: Sequence[Sequence[Head]]) -> torch.Tensor:
 
 
 @contextmanager
-def ablate_heads(lm, heads: Sequence[Head] | str = (), mode: str = "zero", means: torch.Tensor | None = None,
+def ablate_heads(lm, heads: Sequence[Head] | str = (), mode: "str | Ablation" = "zero",
                  per_row: Sequence[Sequence[Head]] | None = None):
-    """Context manager: run ``lm.model`` with heads ablated; the model is always restored.
-
-    Either one head set for every row (``heads``) or one per batch row (``per_row``).
+    """Context manager: run ``lm.model`` with heads ablated (``mode``: a kind or an :class:`Ablation`); the model
+    is always restored. Either one head set for every row (``heads``) or one per batch row (``per_row``).
 
     Example:
         >>> with ablate_heads(lm, "L14H8"):                 # doctest: +SKIP
@@ -244,7 +358,7 @@ def ablate_heads(lm, heads: Sequence[Head] | str = (), mode: str = "zero", means
     """
     if isinstance(heads, str):
         heads = parse_heads(heads, lm.n_layers, lm.n_heads)
-    ab = HeadAblator(lm, mode=mode, means=means)
+    ab = HeadAblator(lm, mode)
     ab.set_masks(row_masks(lm, per_row) if per_row is not None else head_mask(lm, heads))
     ab.attach()
     try:

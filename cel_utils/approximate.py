@@ -91,17 +91,9 @@ def _item_batches(enc: EncodedTask, lengths: list[int], max_tokens: int) -> tupl
 
 
 def _scaling(lm, mask: torch.Tensor, ablation: Ablation) -> list:
-    """``z`` hooks that scale each head's output by ``mask [n_layers, n_heads]`` (toward its mean in mean mode)."""
-    def scale(layer):
-        def fn(z):  # [batch, pos, head, d_head]
-            m = mask[layer].to(z.dtype)[None, None, :, None]
-            if ablation.mode == "mean":
-                mu = ablation.means[layer].to(z)[None, None]
-                return mu + m * (z - mu)
-            return z * m
-        return fn
-
-    return [("z", l, scale(l)) for l in range(lm.n_layers)]
+    """``z`` hooks that move each head toward its removed value by ``mask [n_layers, n_heads]`` (1: intact; the
+    :class:`~cel_utils.ablation.Ablation`'s :meth:`~cel_utils.ablation.Ablation.blend`)."""
+    return [("z", l, lambda z, l=l: ablation.blend(z, l, mask[l])) for l in range(lm.n_layers)]
 
 
 def backprop_mean_margin(lm, enc: EncodedTask, points: list, max_tokens: int = GRADIENT_MAX_TOKENS,

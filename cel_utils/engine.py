@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import cache, hooks
-from .ablation import Ablation, Head, HeadAblator, row_masks
+from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
 
@@ -124,7 +124,10 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
         if hit is not None:
             return hit
     t0 = time.perf_counter()
-    lp, gap = _read_stats_per_set(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix)
+    if ablation.mode == "resample":
+        lp, gap = resample_stats(lm, enc, head_sets, ablation, max_tokens, share_prefix)
+    else:
+        lp, gap = _read_stats_per_set(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix)
     res = aggregate(enc, lp, gap)
     res.seconds = time.perf_counter() - t0
     if key is not None:
@@ -233,7 +236,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
                leave=False)
     base = lm.model.base_model
     dev = lm.device
-    ablator = HeadAblator(lm, mode=ablation.mode, means=ablation.means).attach()
+    ablator = HeadAblator(lm, ablation).attach()
     prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
 
     def run(b: ReadBatch, k, prefix_masks, body_masks, start=0, residual=None):
@@ -324,4 +327,21 @@ def read_stats_with(lm, enc: EncodedTask, points_for=None, max_tokens: int = MAX
             hidden = base(input_ids=b.ids, attention_mask=att, **kw).last_hidden_state  # [B, pos, d_model]
         lp, gap = stats_at(lm, enc, hidden, b.rows, b.pos, b.tok)
         lp_out[b.reads], gap_out[b.reads] = lp.cpu().numpy(), gap.cpu().numpy()
+    return lp_out, gap_out
+
+
+@torch.no_grad()
+def resample_stats(lm, enc: EncodedTask, head_sets, ablation: Ablation, max_tokens: int = MAX_TOKENS,
+                   share_prefix: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_read_stats_per_set` for resample ablation (:class:`~cel_utils.ablation.Resampler`): one clean pass
+    storing every sequence's outputs of the layers any set ablates (the donors'), then one patched pass per head
+    set. On the shared prompt prefix every item's output is the same, so there is nothing to resample there.
+    Returns per-read log-prob and gap ``[n_sets, n_reads]``."""
+    P = len(common_prefix(enc)) if share_prefix else 0
+    rs = Resampler(ablation, [len(x) - P for x in enc.inputs], sorted({l for hs in head_sets for l, _ in hs}))
+    lp_out, gap_out = np.zeros((len(head_sets), enc.n_reads)), np.zeros((len(head_sets), enc.n_reads))
+    clean = read_stats_with(lm, enc, rs.keep, max_tokens, share_prefix)
+    for s, hs in enumerate(head_sets):
+        lp_out[s], gap_out[s] = read_stats_with(lm, enc, rs.patch(list(hs)), max_tokens, share_prefix) if hs \
+            else clean
     return lp_out, gap_out

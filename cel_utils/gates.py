@@ -132,17 +132,9 @@ def expected_gate(log_alpha, beta: float = GATE_TEMPERATURE) -> np.ndarray:
 def gate_points(lm, gate_of_layer, ablation: Ablation) -> list:
     """Hook points (:func:`cel_utils.hooks.hooked`) that scale every head's output by its gate:
     ``gate_of_layer(l)`` gives layer ``l``'s gates ``[n_heads]`` (computed inside the hook, so that each forward
-    builds its own graph); zero mode ``g * z``, mean mode ``mean + g * (z - mean)``."""
-    def fn_for(layer):
-        def fn(z):  # [batch, pos, head, d_head]
-            g = gate_of_layer(layer).to(z.dtype)[None, None, :, None]  # [1, 1, head, 1]
-            if ablation.mode == "mean":
-                mu = ablation.means[layer].to(z)[None, None]  # [1, 1, head, d_head]
-                return mu + g * (z - mu)
-            return z * g
-        return fn
-
-    return [("z", l, fn_for(l)) for l in range(lm.n_layers)]
+    builds its own graph), applied by the ablation's :meth:`~cel_utils.ablation.Ablation.blend` (zero mode
+    ``g * z``, mean mode ``mean + g * (z - mean)``)."""
+    return [("z", l, lambda z, l=l: ablation.blend(z, l, gate_of_layer(l))) for l in range(lm.n_layers)]
 
 
 @contextmanager

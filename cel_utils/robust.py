@@ -39,10 +39,10 @@ from .approximate import backprop_mean_margin
 from .compare import compare_sets
 from .defaults import ALPHA, COLLATERAL_NLL, N_BOOT, TEXT_TOKENS
 from .effects import class_effects, item_labels
-from .engine import common_prefix, evaluate, read_stats_with
+from .engine import evaluate
 from .errors import CELError
 from .formats import formats_of, in_format
-from .scoring import ItemResults, aggregate, encode_task, split_prompt
+from .scoring import encode_task, split_prompt
 from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
 from .tasks import Task, load_task
 
@@ -191,66 +191,6 @@ def fixes_by_kind(before: Sequence[str], after: Sequence[str], targets: Sequence
 # ------------------------------------------------------------------------------------------------------------
 # Ablation types
 # ------------------------------------------------------------------------------------------------------------
-def donors(lengths: Sequence[int], seed: int = 0) -> np.ndarray:
-    """For each sequence another sequence of the same length (a derangement within each length; a sequence with
-    no partner of its length is its own donor, marked by the caller): ``[n]`` indices.
-
-    Example:
-        >>> d = donors([5, 5, 5, 7, 9, 9], seed=0)
-        >>> bool(all(d[i] != i for i in (0, 1, 2, 4, 5))), int(d[3])
-        (True, 3)
-    """
-    rng = np.random.default_rng(seed)
-    lengths = np.asarray(lengths)
-    out = np.arange(len(lengths))
-    for L in np.unique(lengths):
-        idx = np.flatnonzero(lengths == L)
-        if len(idx) > 1:
-            perm = rng.permutation(idx)
-            out[perm] = np.roll(perm, 1)  # a cycle through the shuffled group: nobody is its own donor
-    return out
-
-
-@torch.no_grad()
-def resample_evaluate(lm, enc, heads: Sequence[Head], means: torch.Tensor, seed: int = 0) -> ItemResults:
-    """Resample ablation: every input sequence run with ``heads``' outputs replaced, at every position after the
-    prompt prefix all items share, by their outputs on another item's sequence of the same length
-    (:func:`donors`); a sequence without a partner of its length gets the heads' means. (On the shared prefix
-    every item's output is the same, so there is nothing to resample.) Two passes of
-    :func:`cel_utils.engine.read_stats_with`: the donors' clean outputs, then the patched run."""
-    P = len(common_prefix(enc))
-    lengths = [len(x) - P for x in enc.inputs]
-    donor = donors(lengths, seed)
-    layers = sorted({l for l, _ in heads})
-    stored: dict[int, dict[int, torch.Tensor]] = {l: {} for l in layers}  # layer -> sequence -> [pos, head, d]
-
-    def keep(seqs):
-        def fn_for(l):
-            def fn(z):  # [batch, pos, head, d_head]
-                for r, i in enumerate(seqs):
-                    stored[l][i] = z[r, :lengths[i]].detach().clone()
-            return fn
-        return [("z", l, fn_for(l)) for l in layers]
-
-    def patch(seqs):
-        def fn_for(l):
-            hs = [h for ll, h in heads if ll == l]
-
-            def fn(z):
-                z = z.clone()
-                for r, i in enumerate(seqs):
-                    d, T = int(donor[i]), lengths[i]
-                    z[r, :T, hs] = (stored[l][d][:T, hs] if d != i else
-                                    means[l, hs].to(z.dtype)[None].expand(T, -1, -1))
-                return z
-            return fn
-        return [("z", l, fn_for(l)) for l in layers]
-
-    read_stats_with(lm, enc, keep)
-    lp, gap = read_stats_with(lm, enc, patch)
-    return aggregate(enc, lp[None], gap[None])
-
-
 def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """The constant outputs of ``heads`` that raise the mean margin on the search items most (``[n_layers,
     n_heads, d_head]``, the other heads' rows are their means): from the means, ``steps`` rounds of a gradient step
@@ -258,7 +198,7 @@ def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, st
     scored exactly by the engine. Fit on the search split only."""
     C = means.clone()
     enc = search_enc
-    score = lambda c: float(evaluate(lm, enc, list(heads), mode=Ablation("mean", c)).mean_margin[0])  # noqa: E731
+    score = lambda c: float(evaluate(lm, enc, list(heads), mode=Ablation("constant", c)).mean_margin[0])  # noqa: E731
     best = score(C)
     unit = float(np.mean([C[l, h].norm() for l, h in heads])) or 1.0
     for _ in range(steps):
@@ -302,9 +242,9 @@ def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: 
     base = evaluate(lm, enc)
     results = {"zero": evaluate(lm, enc, list(heads)),
                "mean": evaluate(lm, enc, list(heads), mode=Ablation("mean", means)),
-               "resample": resample_evaluate(lm, enc, heads, means, seed=seed)}
+               "resample": evaluate(lm, enc, list(heads), mode=Ablation("resample", means, seed=seed))}
     if constant_steps > 0:
-        results["constant"] = evaluate(lm, enc, list(heads), mode=Ablation("mean", best_constant(
+        results["constant"] = evaluate(lm, enc, list(heads), mode=Ablation("constant", best_constant(
             lm, search_enc, heads, means, constant_steps)))
     out = {}
     for k, r in results.items():

@@ -281,7 +281,7 @@ def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zer
     own = ablator is None
     if own:
         ab = Ablation.of(mode, means).resolved(lm, enc.inputs)
-        ablator = HeadAblator(lm, mode=ab.mode, means=ab.means).attach()
+        ablator = HeadAblator(lm, ab).attach()
     try:
         ablator.set_masks(head_mask(lm, list(heads)) if heads else None)
         lps, gaps, ri, rc = [], [], [], []

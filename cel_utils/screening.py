@@ -242,7 +242,7 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Abla
     enc = enc if enc is not None else encode_task(lm, task)
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
     t0 = time.perf_counter()
-    ablator = HeadAblator(lm, mode=ablation.mode, means=ablation.means).attach()
+    ablator = HeadAblator(lm, ablation).attach()
     try:
         base = plain_evaluate(lm, enc, (), batch_size=batch_size, ablator=ablator)
         outs = [plain_evaluate(lm, enc, [h], batch_size=batch_size, ablator=ablator)

@@ -160,8 +160,12 @@ def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_
     Resampling is made to help here (the zero-ablated results), so the planted head passes every check."""
     path, prompts = planted_task
     monkeypatch.setattr(robust, "english_text", lambda: ("Colourless green ideas sleep furiously. " * 8, "t"))
-    monkeypatch.setattr(robust, "resample_evaluate",
-                        lambda lm, enc, heads, means, seed=0: robust.evaluate(lm, enc, list(heads)))
+    from cel_utils import engine
+
+    def resample_as_zero(lm, enc, heads=(), mode="zero", **kw):
+        return engine.evaluate(lm, enc, heads, mode="zero" if getattr(mode, "mode", mode) == "resample" else mode, **kw)
+
+    monkeypatch.setattr(robust, "evaluate", resample_as_zero)
     lm = _planted_model(prompts, constant=True, transfer=True)
     sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
     kw = dict(n=6, n_search=6, text_tokens=64, generate=False, constant_steps=0, n_boot=200)
@@ -269,44 +273,6 @@ def test_fixes_by_kind_and_answer_of():
     assert robust.answer_of(" 79\n") == "79" and robust.answer_of("\n") == ""
     kinds = robust.fixes_by_kind([" 7", " 790", " 35", " 79"], [" 79", " 79", " 79", " 80"], ["79", "79", "79", "80"])
     assert kinds == {"content": 2, "termination": 2}
-
-
-def test_resample_gives_each_sequence_another_items_output(tiny_llama):
-    """Resample ablation of an input-dependent head changes the margins (another item's output is not the item's
-    own); donors that are the items themselves count as having no partner, and sequences without a
-    partner of their length get the head's mean (a constant, like mean ablation)."""
-    from cel_utils.ablation import Ablation, compute_head_means
-    from cel_utils.engine import evaluate
-    from cel_utils.scoring import encode_task
-    from cel_utils.tasks import load_task
-
-    lm = tiny_llama
-    task = load_task("ioi", "heldout", n=12)
-    enc = encode_task(lm, task)
-    means = compute_head_means(lm, enc.inputs)
-    base = evaluate(lm, enc, result_cache=False)
-    r = robust.resample_evaluate(lm, enc, [(1, 2)], means, seed=0)
-    from cel_utils.engine import common_prefix
-
-    P = len(common_prefix(enc))
-    lengths = [len(x) - P for x in enc.inputs]
-    partnered = [i for i in range(enc.n_items)   # items whose every input sequence has a partner of its length
-                 if all(lengths.count(lengths[s]) > 1 for s in set(enc.read_seq[enc.read_item == i]))]
-    assert partnered and np.abs(r.margin - base.margin)[0, partnered].max() > 1e-3
-    assert len(set(lengths)) > 1 and max(lengths.count(L) for L in set(lengths)) > 1
-    d = robust.donors(lengths, seed=0)
-    assert all(lengths[int(d[i])] == lengths[i] for i in range(len(d)))
-    alone = [i for i, L in enumerate(lengths) if lengths.count(L) == 1]
-    assert all(d[i] == i for i in alone) and all(d[i] != i for i in range(len(d)) if i not in alone)
-    orig = robust.donors
-    try:  # donors that are the items themselves: the resample pass must then reproduce the unablated model
-        robust.donors = lambda lengths, seed=0: np.arange(len(lengths))
-        same = robust.resample_evaluate(lm, enc, [(1, 2)], means)
-    finally:
-        robust.donors = orig
-    # every sequence is its own donor: each counts as "no partner" and gets the mean, i.e. mean ablation
-    mean_abl = evaluate(lm, enc, [(1, 2)], mode=Ablation("mean", means), result_cache=False)
-    assert np.abs(same.margin - mean_abl.margin).max() < 1e-4
 
 
 def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
