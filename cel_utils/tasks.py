@@ -23,6 +23,8 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Callable
 
@@ -52,85 +54,28 @@ class Task:
 
 
 # --------------------------------------------------------------------------------------------
-# Word lists
+# Word lists (package data, cel_utils/data/tasks.json) and generators: each generator returns the pool of items
+# given an rng; items carry "key" for splits
 # --------------------------------------------------------------------------------------------
-CAPITALS = [
-    ("France", "Paris"), ("Japan", "Tokyo"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"),
-    ("Russia", "Moscow"), ("China", "Beijing"), ("Egypt", "Cairo"), ("Greece", "Athens"), ("Portugal", "Lisbon"),
-    ("Austria", "Vienna"), ("Poland", "Warsaw"), ("Sweden", "Stockholm"), ("Norway", "Oslo"),
-    ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Ireland", "Dublin"), ("Hungary", "Budapest"),
-    ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Cuba", "Havana"), ("Peru", "Lima"),
-    ("Argentina", "Buenos Aires"), ("Chile", "Santiago"), ("Colombia", "Bogota"), ("Venezuela", "Caracas"),
-    ("Mexico", "Mexico City"), ("Canada", "Ottawa"), ("Australia", "Canberra"), ("Kenya", "Nairobi"),
-    ("Nigeria", "Abuja"), ("Ethiopia", "Addis Ababa"), ("Morocco", "Rabat"), ("Turkey", "Ankara"),
-    ("Iran", "Tehran"), ("Iraq", "Baghdad"), ("Thailand", "Bangkok"), ("Vietnam", "Hanoi"),
-    ("Indonesia", "Jakarta"), ("Philippines", "Manila"), ("South Korea", "Seoul"), ("India", "New Delhi"),
-    ("Pakistan", "Islamabad"), ("Bangladesh", "Dhaka"), ("Afghanistan", "Kabul"), ("Ukraine", "Kyiv"),
-    ("Romania", "Bucharest"), ("Bulgaria", "Sofia"), ("Serbia", "Belgrade"), ("Croatia", "Zagreb"),
-    ("Czech Republic", "Prague"), ("Switzerland", "Bern"), ("Iceland", "Reykjavik"), ("Scotland", "Edinburgh"),
-    ("England", "London"), ("Israel", "Jerusalem"), ("Lebanon", "Beirut"), ("Syria", "Damascus"),
-    ("Jordan", "Amman"), ("Saudi Arabia", "Riyadh"), ("Qatar", "Doha"), ("Nepal", "Kathmandu"),
-    ("Mongolia", "Ulaanbaatar"), ("Malaysia", "Kuala Lumpur"), ("Singapore", "Singapore"),
-    ("New Zealand", "Wellington"), ("Brazil", "Brasilia"), ("Uruguay", "Montevideo"), ("Ecuador", "Quito"),
-    ("Bolivia", "La Paz"), ("Jamaica", "Kingston"), ("Ghana", "Accra"), ("Senegal", "Dakar"),
-    ("Tanzania", "Dodoma"), ("Uganda", "Kampala"), ("Zimbabwe", "Harare"), ("Algeria", "Algiers"),
-    ("Tunisia", "Tunis"), ("Libya", "Tripoli"), ("Sudan", "Khartoum"), ("Lithuania", "Vilnius"),
-    ("Latvia", "Riga"), ("Estonia", "Tallinn"), ("Slovakia", "Bratislava"), ("Slovenia", "Ljubljana"),
-]
-ANTONYMS = [
-    ("hot", "cold"), ("big", "small"), ("fast", "slow"), ("happy", "sad"), ("up", "down"), ("light", "dark"),
-    ("old", "new"), ("rich", "poor"), ("strong", "weak"), ("open", "closed"), ("high", "low"), ("early", "late"),
-    ("hard", "soft"), ("long", "short"), ("wet", "dry"), ("full", "empty"), ("thick", "thin"), ("loud", "quiet"),
-    ("clean", "dirty"), ("true", "false"), ("good", "bad"), ("young", "old"), ("heavy", "light"),
-    ("win", "lose"), ("buy", "sell"), ("push", "pull"), ("begin", "end"), ("inside", "outside"),
-    ("above", "below"), ("before", "after"), ("left", "right"), ("day", "night"), ("love", "hate"),
-    ("friend", "enemy"), ("question", "answer"), ("cheap", "expensive"), ("safe", "dangerous"),
-    ("easy", "difficult"), ("near", "far"), ("deep", "shallow"), ("wide", "narrow"), ("sweet", "sour"),
-    ("brave", "cowardly"), ("wild", "tame"), ("first", "last"), ("north", "south"), ("east", "west"),
-    ("accept", "reject"), ("arrive", "leave"), ("remember", "forget"), ("increase", "decrease"),
-    ("always", "never"), ("more", "less"), ("maximum", "minimum"), ("victory", "defeat"), ("alive", "dead"),
-    ("asleep", "awake"), ("polite", "rude"), ("sharp", "dull"), ("smooth", "rough"), ("tight", "loose"),
-    ("visible", "invisible"), ("male", "female"), ("future", "past"), ("laugh", "cry"), ("give", "take"),
-]
-NOUNS_SG_PL = [
-    ("author", "authors"), ("pilot", "pilots"), ("surgeon", "surgeons"), ("farmer", "farmers"),
-    ("manager", "managers"), ("customer", "customers"), ("officer", "officers"), ("teacher", "teachers"),
-    ("senator", "senators"), ("dancer", "dancers"), ("driver", "drivers"), ("nurse", "nurses"),
-    ("lawyer", "lawyers"), ("student", "students"), ("doctor", "doctors"), ("guard", "guards"),
-    ("painter", "painters"), ("banker", "bankers"), ("singer", "singers"), ("minister", "ministers"),
-]
-OBJECTS_SG_PL = [
-    ("key", "keys"), ("cabinet", "cabinets"), ("picture", "pictures"), ("table", "tables"),
-    ("book", "books"), ("door", "doors"), ("bottle", "bottles"), ("window", "windows"),
-    ("chair", "chairs"), ("box", "boxes"), ("road", "roads"), ("letter", "letters"),
-]
-PREPS = ["near", "behind", "next to", "beside", "above", "under"]
-RC_VERBS = ["hated", "liked", "admired", "saw", "met", "helped", "called", "knew"]
-PREDICATES = ["tall", "old", "here", "happy", "late", "ready", "tired", "famous"]
-NAMES = ["Mary", "John", "Tom", "Anna", "James", "Sarah", "David", "Emma", "Paul", "Lisa", "Mark", "Kate",
-         "Peter", "Laura", "Chris", "Alice", "Brian", "Helen", "Kevin", "Julia"]
-PLACES = ["store", "park", "school", "office", "beach", "market", "library", "station", "garden", "hospital"]
-OBJECTS = ["drink", "book", "ball", "letter", "gift", "key", "bag", "ring", "phone", "pen"]
-SEQUENCES = {
-    "days": ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"],
-    "months": ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-               "October", "November", "December"],
-    "numbers": ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-                "twelve"],
-    "ordinals": ["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth", "tenth"],
-}
-POS_ADJ = ["wonderful", "brilliant", "delightful", "excellent", "charming", "superb", "fantastic", "moving",
-           "beautiful", "clever", "gripping", "hilarious"]
-NEG_ADJ = ["terrible", "boring", "awful", "dreadful", "dull", "clumsy", "painful", "tedious", "horrible",
-           "lifeless", "confusing", "disappointing"]
-SUBJECTS = ["The film", "The acting", "The story", "The soundtrack", "The ending", "The script", "The cast",
-            "The plot", "The dialogue", "The direction"]
-INTENS = ["", "truly ", "really ", "quite ", "simply ", "utterly "]
+@lru_cache(maxsize=None)
+def word_lists() -> dict:
+    """The built-in tasks' word lists, read once from package data ``cel_utils/data/tasks.json`` (pairs as tuples).
+
+    Example:
+        >>> word_lists()["capitals"][0], word_lists()["sequences"]["days"][:2]
+        (('France', 'Paris'), ['Monday', 'Tuesday'])
+    """
+    data = json.loads((resources.files("cel_utils") / "data" / "tasks.json").read_text(encoding="utf-8"))
+    return {**data["words"], **{k: [tuple(p) for p in v] for k, v in data["pairs"].items()}}
 
 
-# --------------------------------------------------------------------------------------------
-# Generators: each returns (demos_prefix, pool of items) given an rng; items carry "key" for splits
-# --------------------------------------------------------------------------------------------
+_W = word_lists()
+CAPITALS, ANTONYMS, NOUNS_SG_PL, OBJECTS_SG_PL = _W["capitals"], _W["antonyms"], _W["nouns_sg_pl"], _W["objects_sg_pl"]
+PREPS, RC_VERBS, PREDICATES, NAMES, PLACES = _W["preps"], _W["rc_verbs"], _W["predicates"], _W["names"], _W["places"]
+OBJECTS, SEQUENCES, POS_ADJ, NEG_ADJ = _W["objects"], _W["sequences"], _W["pos_adj"], _W["neg_adj"]
+SUBJECTS, INTENS = _W["subjects"], _W["intens"]
+
+
 def stratum(item: dict):
     """The class an item is stratified by: its ``label``, else the answer index (multiple choice), else the
     target's length in characters (exact match)."""

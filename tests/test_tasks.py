@@ -158,3 +158,34 @@ def test_no_sentiment_item_repeats_a_demonstration():
     demos = set(re.findall(r"Review: (.*)\nSentiment: (?:positive|negative)\n\n", items[0]["prompt"]))
     reviews = [it["prompt"].rsplit("Review: ", 1)[1].removesuffix("\nSentiment:") for it in items]
     assert len(demos) == 4 and not demos & set(reviews)
+
+
+def test_word_lists_load_from_package_data_and_items_are_unchanged():
+    """The word lists live in package data (cel_utils/data/tasks.json, declared in pyproject.toml), not in
+    tasks.py, and the items built from them are the ones of before the move: the hashes below were computed
+    with the lists still typed into tasks.py (heldout split, seed 0) and are literals, not recomputed here."""
+    from importlib import resources
+    from pathlib import Path
+
+    from cel_utils import tasks
+    from cel_utils.formats import in_format
+
+    data = json.loads((resources.files("cel_utils") / "data" / "tasks.json").read_text(encoding="utf-8"))
+    lists = tasks.word_lists()
+    assert lists["capitals"][0] == ("France", "Paris") and len(lists["capitals"]) == 85
+    assert tasks.CAPITALS is lists["capitals"] and tasks.NOUNS_SG_PL is lists["nouns_sg_pl"]
+    assert [list(p) for p in tasks.ANTONYMS] == data["pairs"]["antonyms"] and tasks.INTENS == data["words"]["intens"]
+    assert list(tasks.SEQUENCES) == ["days", "months", "numbers", "ordinals"]
+    assert "Ljubljana" not in Path(tasks.__file__).read_text()  # the lists are data, not code
+    root = Path(__file__).resolve().parents[1]
+    assert 'cel_utils = ["data/*.json"]' in (root / "pyproject.toml").read_text()  # installed with the package
+
+    before = {"capitals": "1e8ef9985b3bdaad", "antonyms": "3005b5091e4843a8", "sentiment": "e641247eba0918cb",
+              "ioi": "9a0bd568f03fb304", "sequences": "85ea506090719bd6", "agreement": "c9381b8eb7e7fb65",
+              "agreement_rc": "beefd3ae3e4acb58", "capitals_em": "3e8cb3200fabeac5", "antonyms_em": "8a8033167153976e"}
+    assert {name: load_task(name, "heldout", seed=0).items_hash() for name in before} == before
+    first = load_task("capitals", "heldout", seed=0).items[0]
+    assert first["prompt"].endswith("The capital of Nepal is Kathmandu.\nThe capital of Brazil is")
+    assert (first["choices"], first["answer"]) == ([" Harare", " Brasilia", " Reykjavik", " Bogota"], 1)
+    # formats.py's agreement demonstrations draw from NOUNS_SG_PL and PREDICATES
+    assert in_format(load_task("agreement", "heldout", seed=0), "demos (1)").items_hash() == "1d618b7e25043d86"
