@@ -15,7 +15,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``gates`` (learned head gates over all heads; every way of choosing heads side by side on held-out items)
 * ``effects`` (per-class effects, flips), ``robust`` (is it a capability? formats, generation, ablation types)
 * ``verdict`` (choose, confirm, report on three splits)
-* ``mechanism`` (inside a head: its direct logits, the path split, where it attends)
+* ``mechanism`` (inside a head: its direct logits, the path split), ``attention`` (where it attends, by role)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)
 * ``theory`` (the toy model of chapter 3), ``dynamics`` (its early phase, derived and checked)
 * ``checks`` (checks for the exercises), ``exercises`` (the offline autograder: registry, held-back checks)
