@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -118,19 +120,90 @@ def effect_distribution(table: pd.DataFrame, value: str = "delta_margin", title:
     return fig
 
 
+@dataclass(frozen=True)
+class ScatterStyle:
+    """The size of :func:`search_vs_heldout`'s figure (pixels) and how many of its points get a label.
+
+    Example:
+        >>> ScatterStyle(n_labels=3).width
+        720
+    """
+
+    n_labels: int = 5
+    width: int = 720
+    height: int = 440
+
+
+# a label's font, a generous character width, its line height, and plotly's offset of a label from its marker's
+# centre (size 9), sideways and up or down: all in pixels
+LABEL_FONT, LABEL_CHAR_W, LABEL_LINE_H, LABEL_OFFSET = 11, 6.6, 15, 7
+
+
+def _span(*arrays) -> tuple[float, float]:
+    """An axis range that holds every finite value of ``arrays`` and 0, padded by 6% of its width."""
+    v = np.concatenate([np.ravel(a) for a in arrays] + [[0.0]])
+    v = v[np.isfinite(v)]
+    lo, hi = float(v.min()), float(v.max())
+    pad = 0.06 * (hi - lo) or 0.05
+    return lo - pad, hi + pad
+
+
+def _label_boxes(x0: float, y0: float, n: int) -> dict[str, tuple]:
+    """The box (x0, y0, x1, y1), y up, in pixels, that a label of ``n`` characters takes at each textposition."""
+    w, h, r = LABEL_CHAR_W * n, LABEL_LINE_H, LABEL_OFFSET
+    return {"top right": (x0 + r, y0 + r, x0 + r + w, y0 + r + h),
+            "bottom right": (x0 + r, y0 - r - h, x0 + r + w, y0 - r),
+            "top left": (x0 - r - w, y0 + r, x0 - r, y0 + r + h),
+            "bottom left": (x0 - r - w, y0 - r - h, x0 - r, y0 - r),
+            "middle right": (x0 + r, y0 - h / 2, x0 + r + w, y0 + h / 2),
+            "middle left": (x0 - r - w, y0 - h / 2, x0 - r, y0 + h / 2)}
+
+
+def _clash(a, b) -> bool:
+    return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
+
+
+def _place_labels(px, py, names: list[str], order, n_labels: int, area: tuple[float, float]) -> dict[int, str]:
+    """Point index -> textposition for at most ``n_labels`` points, taken in ``order``: each at the first place
+    inside the plot ``area`` (pixels) whose box covers no label placed before it and no other point."""
+    pw, ph = area
+    r = LABEL_OFFSET
+    dots = [(px[j] - r, py[j] - r, px[j] + r, py[j] + r) for j in range(len(px))]
+    placed, pos = [], {}
+    for i in order:
+        if len(pos) == n_labels:
+            break
+        for where, box in _label_boxes(px[i], py[i], len(names[i])).items():
+            if box[0] >= 0 and box[1] >= 0 and box[2] <= pw and box[3] <= ph and \
+                    not any(_clash(box, b) for b in placed) and \
+                    not any(_clash(box, d) for j, d in enumerate(dots) if j != i):
+                placed.append(box)
+                pos[int(i)] = where
+                break
+    return pos
+
+
 def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldout_delta",
                       label: str = "head", title: str | None = None,
                       err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high",
-                      n_labels: int = 5, baseline: str = "baseline_accuracy", diagonal: bool | None = None,
-                      width: int = 720, height: int = 440) -> go.Figure:
+                      baseline: str = "baseline_accuracy", diagonal: bool | None = None,
+                      style: ScatterStyle = ScatterStyle()) -> go.Figure:
     """Scatter of a gain on the search split (or the metric that ranked the heads there, e.g.
     ``x="search_delta_margin"``) against the gain on held-out items, with the diagonal when both axes measure the
     same thing (``diagonal=None``: both or neither column names a margin).
 
-    At most ``n_labels`` points are labelled, the largest held-out changes first, each where its text box covers
-    no other label and no other point (the figure has a fixed size and fixed axis ranges, so boxes are placed in
-    pixels); a point with no free place keeps its name on hover only. CIs are clipped to what a change in
-    accuracy can be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else ``[-1, 1]``)."""
+    At most ``style.n_labels`` points are labelled, the largest held-out changes first, each where its text box
+    covers no other label and no other point (the figure has a fixed size, ``style``, and fixed axis ranges, so
+    boxes are placed in pixels); a point with no free place keeps its name on hover only. CIs are clipped to what
+    a change in accuracy can be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else
+    ``[-1, 1]``).
+
+    Example:
+        >>> df = pd.DataFrame({"head": ["L0H1", "L2H3"], "search_delta": [0.05, 0.1], "heldout_delta": [0.03, 0.0]})
+        >>> fig = search_vs_heldout(df, err_low=None, style=ScatterStyle(n_labels=1))
+        >>> list(fig.data[0].text), fig.layout.width
+        (['L0H1', ''], 720)
+    """
     df = df.reset_index(drop=True)
     xs, ys = df[x].astype(float).to_numpy(), df[y].astype(float).to_numpy()
     kw, y_ext = {}, [ys]
@@ -141,64 +214,28 @@ def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldo
         y_ext += [ys + np.asarray(e["array"], float), ys - np.asarray(e["arrayminus"], float)]
     if diagonal is None:
         diagonal = ("margin" in x) == ("margin" in y)
-
-    def span(*arrays):
-        v = np.concatenate([np.ravel(a) for a in arrays] + [[0.0]])
-        v = v[np.isfinite(v)]
-        lo, hi = float(v.min()), float(v.max())
-        pad = 0.06 * (hi - lo) or 0.05
-        return lo - pad, hi + pad
-
     if diagonal:   # both axes span the same range: the diagonal is at 45 degrees
-        xr = yr = span(xs, *y_ext)
+        xr = yr = _span(xs, *y_ext)
     else:
-        xr, yr = span(xs), span(*y_ext)
+        xr, yr = _span(xs), _span(*y_ext)
     margin = dict(l=70, r=30, t=70, b=60)
-    pw, ph = width - margin["l"] - margin["r"], height - margin["t"] - margin["b"]
+    pw, ph = style.width - margin["l"] - margin["r"], style.height - margin["t"] - margin["b"]
     px = (xs - xr[0]) / (xr[1] - xr[0]) * pw            # pixels from the plot area's left
     py = (ys - yr[0]) / (yr[1] - yr[0]) * ph            # pixels from its bottom
     names = df[label].astype(str).tolist()
-    font, char_w, line_h, r = 11, 6.6, 15, 7   # px: label font, a generous character width, line height, and
-    # plotly's offset of a label from its marker's centre (size 9), sideways and up or down
-
-    def boxes(x0, y0, n):   # the box (x0, y0, x1, y1), y up, a label of n characters takes at each textposition
-        w, h = char_w * n, line_h
-        return {"top right": (x0 + r, y0 + r, x0 + r + w, y0 + r + h),
-                "bottom right": (x0 + r, y0 - r - h, x0 + r + w, y0 - r),
-                "top left": (x0 - r - w, y0 + r, x0 - r, y0 + r + h),
-                "bottom left": (x0 - r - w, y0 - r - h, x0 - r, y0 - r),
-                "middle right": (x0 + r, y0 - h / 2, x0 + r + w, y0 + h / 2),
-                "middle left": (x0 - r - w, y0 - h / 2, x0 - r, y0 + h / 2)}
-
-    def clash(a, b):
-        return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
-
-    # the largest held-out changes first, each at the first place inside the plot whose box covers no label
-    # placed before it and no other point
-    dots = [(px[j] - r, py[j] - r, px[j] + r, py[j] + r) for j in range(len(df))]
-    placed, pos = [], {}
-    for i in np.argsort(-np.abs(ys), kind="stable"):
-        if len(pos) == n_labels:
-            break
-        for where, box in boxes(px[i], py[i], len(names[i])).items():
-            if box[0] >= 0 and box[1] >= 0 and box[2] <= pw and box[3] <= ph and \
-                    not any(clash(box, b) for b in placed) and \
-                    not any(clash(box, d) for j, d in enumerate(dots) if j != i):
-                placed.append(box)
-                pos[int(i)] = where
-                break
+    pos = _place_labels(px, py, names, np.argsort(-np.abs(ys), kind="stable"), style.n_labels, (pw, ph))
     text = [names[i] if i in pos else "" for i in range(len(df))]
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+text", text=text,
                                textposition=[pos.get(i, "top right") for i in range(len(df))],
-                               hovertext=names, textfont=dict(size=font), marker=dict(size=9),
+                               hovertext=names, textfont=dict(size=LABEL_FONT), marker=dict(size=9),
                                hovertemplate="%{hovertext}<br>%{x:+.3f}, %{y:+.3f}<extra></extra>", **kw))
     if diagonal:
         fig.add_trace(go.Scatter(x=list(xr), y=list(yr), mode="lines", line=dict(dash="dash", color="grey"),
                                  name="held-out = search", hoverinfo="skip"))
     fig.add_hline(y=0, line_color="lightgrey")
     fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=_label(x),
-                      yaxis_title=_label(y), showlegend=False, width=width, height=height, margin=margin,
-                      xaxis=dict(range=list(xr)), yaxis=dict(range=list(yr)))
+                      yaxis_title=_label(y), showlegend=False, width=style.width, height=style.height,
+                      margin=margin, xaxis=dict(range=list(xr)), yaxis=dict(range=list(yr)))
     return fig
 
 
