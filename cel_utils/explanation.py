@@ -1,12 +1,13 @@
 """What a head does, in words and records: chapter 2a's per-head profile and ``cel explain`` (one computation).
 
-:func:`profile` runs the measurements of :mod:`cel_utils.mechanism` for one head (and a same-layer control head):
-its direct and total effect item by item, the path split, the mediators, the tokens it raises and lowers (on the
-items its removal fixes, breaks, and on all items), its attention at the read position, and, for addition, the
-kind of error its removal fixes; then :func:`describe` writes one sentence from those numbers.
+:func:`profile` runs the measurements of :mod:`cel_utils.mechanism` and :mod:`cel_utils.attention` for one head
+(and a same-layer control head): its direct and total effect item by item, the path split, the mediators, the
+tokens it raises and lowers (on the items its removal fixes, breaks, and on all items), its attention at the read
+position, and, for addition, the kind of error its removal fixes; then :func:`describe` writes one sentence from
+those numbers.
 :meth:`Profile.record` is the JSON both chapter 2a and ``cel explain`` write.
 
-Attention is averaged over items by *role* (:func:`cel_utils.mechanism.slots`): the first token of the prompt
+Attention is averaged over items by *role* (:func:`cel_utils.attention.slots`): the first token of the prompt
 (the attention sink position) apart, the read's own line counted back from the read, earlier lines (a few-shot
 prompt's demonstrations) each counted back from its end. The sentence names the sink's weight and the most
 attended *content* position (the largest mean weight apart from the sink); :func:`attention_panel` lays out the
@@ -31,10 +32,11 @@ import numpy as np
 import pandas as pd
 
 from .ablation import Head, head_name
+from .attention import (SINK, attention, attention_rows, mean_attention, slot_label, slot_order, slot_token, slot_words,
+                        slots)
 from .errors import CELError
-from .mechanism import (SINK, TOP_TOKENS, Explanation, Reads, Trace, attention, attention_rows, choose_reads, explain,
-                        mean_attention, mediators, slot_label, slot_order, slot_token, slot_words, slots, token_text,
-                        top_tokens, trace)
+from .mechanism import (TOP_TOKENS, Explanation, Reads, Trace, choose_reads, explain, mediators, token_text, top_tokens,
+                        trace)
 from .tasks import load_task
 
 N_MEDIATORS = 5

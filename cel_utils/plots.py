@@ -3,7 +3,8 @@
 :func:`setup` (called by :func:`chapter` and :func:`figure`, so a chapter never calls it itself) registers a
 plotly renderer ``"cel"`` and makes it the default: each figure is emitted both as the plotly mimetype (for
 JupyterLab) and as HTML that *does not* embed plotly.js or MathJax (the book serves ``plotly.min.js`` as a local
-static file, see :mod:`cel_utils.book`). Importing this module changes nothing in plotly.
+static file, see :mod:`cel_utils.book`). Importing this module changes nothing in plotly. Chapter 2's figures are
+in :mod:`cel_utils.joint_plots`, chapter 3's in :mod:`cel_utils.theory_plots`.
 
 Example:
     >>> from cel_utils import plots
@@ -15,6 +16,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -117,19 +120,90 @@ def effect_distribution(table: pd.DataFrame, value: str = "delta_margin", title:
     return fig
 
 
+@dataclass(frozen=True)
+class ScatterStyle:
+    """The size of :func:`search_vs_heldout`'s figure (pixels) and how many of its points get a label.
+
+    Example:
+        >>> ScatterStyle(n_labels=3).width
+        720
+    """
+
+    n_labels: int = 5
+    width: int = 720
+    height: int = 440
+
+
+# a label's font, a generous character width, its line height, and plotly's offset of a label from its marker's
+# centre (size 9), sideways and up or down: all in pixels
+LABEL_FONT, LABEL_CHAR_W, LABEL_LINE_H, LABEL_OFFSET = 11, 6.6, 15, 7
+
+
+def _span(*arrays) -> tuple[float, float]:
+    """An axis range that holds every finite value of ``arrays`` and 0, padded by 6% of its width."""
+    v = np.concatenate([np.ravel(a) for a in arrays] + [[0.0]])
+    v = v[np.isfinite(v)]
+    lo, hi = float(v.min()), float(v.max())
+    pad = 0.06 * (hi - lo) or 0.05
+    return lo - pad, hi + pad
+
+
+def _label_boxes(x0: float, y0: float, n: int) -> dict[str, tuple]:
+    """The box (x0, y0, x1, y1), y up, in pixels, that a label of ``n`` characters takes at each textposition."""
+    w, h, r = LABEL_CHAR_W * n, LABEL_LINE_H, LABEL_OFFSET
+    return {"top right": (x0 + r, y0 + r, x0 + r + w, y0 + r + h),
+            "bottom right": (x0 + r, y0 - r - h, x0 + r + w, y0 - r),
+            "top left": (x0 - r - w, y0 + r, x0 - r, y0 + r + h),
+            "bottom left": (x0 - r - w, y0 - r - h, x0 - r, y0 - r),
+            "middle right": (x0 + r, y0 - h / 2, x0 + r + w, y0 + h / 2),
+            "middle left": (x0 - r - w, y0 - h / 2, x0 - r, y0 + h / 2)}
+
+
+def _clash(a, b) -> bool:
+    return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
+
+
+def _place_labels(px, py, names: list[str], order, n_labels: int, area: tuple[float, float]) -> dict[int, str]:
+    """Point index -> textposition for at most ``n_labels`` points, taken in ``order``: each at the first place
+    inside the plot ``area`` (pixels) whose box covers no label placed before it and no other point."""
+    pw, ph = area
+    r = LABEL_OFFSET
+    dots = [(px[j] - r, py[j] - r, px[j] + r, py[j] + r) for j in range(len(px))]
+    placed, pos = [], {}
+    for i in order:
+        if len(pos) == n_labels:
+            break
+        for where, box in _label_boxes(px[i], py[i], len(names[i])).items():
+            if box[0] >= 0 and box[1] >= 0 and box[2] <= pw and box[3] <= ph and \
+                    not any(_clash(box, b) for b in placed) and \
+                    not any(_clash(box, d) for j, d in enumerate(dots) if j != i):
+                placed.append(box)
+                pos[int(i)] = where
+                break
+    return pos
+
+
 def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldout_delta",
                       label: str = "head", title: str | None = None,
                       err_low: str | None = "heldout_ci_low", err_high: str | None = "heldout_ci_high",
-                      n_labels: int = 5, baseline: str = "baseline_accuracy", diagonal: bool | None = None,
-                      width: int = 720, height: int = 440) -> go.Figure:
+                      baseline: str = "baseline_accuracy", diagonal: bool | None = None,
+                      style: ScatterStyle = ScatterStyle()) -> go.Figure:
     """Scatter of a gain on the search split (or the metric that ranked the heads there, e.g.
     ``x="search_delta_margin"``) against the gain on held-out items, with the diagonal when both axes measure the
     same thing (``diagonal=None``: both or neither column names a margin).
 
-    At most ``n_labels`` points are labelled, the largest held-out changes first, each where its text box covers
-    no other label and no other point (the figure has a fixed size and fixed axis ranges, so boxes are placed in
-    pixels); a point with no free place keeps its name on hover only. CIs are clipped to what a change in
-    accuracy can be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else ``[-1, 1]``)."""
+    At most ``style.n_labels`` points are labelled, the largest held-out changes first, each where its text box
+    covers no other label and no other point (the figure has a fixed size, ``style``, and fixed axis ranges, so
+    boxes are placed in pixels); a point with no free place keeps its name on hover only. CIs are clipped to what
+    a change in accuracy can be (``[-baseline, 1 - baseline]`` when the ``baseline`` column exists, else
+    ``[-1, 1]``).
+
+    Example:
+        >>> df = pd.DataFrame({"head": ["L0H1", "L2H3"], "search_delta": [0.05, 0.1], "heldout_delta": [0.03, 0.0]})
+        >>> fig = search_vs_heldout(df, err_low=None, style=ScatterStyle(n_labels=1))
+        >>> list(fig.data[0].text), fig.layout.width
+        (['L0H1', ''], 720)
+    """
     df = df.reset_index(drop=True)
     xs, ys = df[x].astype(float).to_numpy(), df[y].astype(float).to_numpy()
     kw, y_ext = {}, [ys]
@@ -140,185 +214,28 @@ def search_vs_heldout(df: pd.DataFrame, x: str = "search_delta", y: str = "heldo
         y_ext += [ys + np.asarray(e["array"], float), ys - np.asarray(e["arrayminus"], float)]
     if diagonal is None:
         diagonal = ("margin" in x) == ("margin" in y)
-
-    def span(*arrays):
-        v = np.concatenate([np.ravel(a) for a in arrays] + [[0.0]])
-        v = v[np.isfinite(v)]
-        lo, hi = float(v.min()), float(v.max())
-        pad = 0.06 * (hi - lo) or 0.05
-        return lo - pad, hi + pad
-
     if diagonal:   # both axes span the same range: the diagonal is at 45 degrees
-        xr = yr = span(xs, *y_ext)
+        xr = yr = _span(xs, *y_ext)
     else:
-        xr, yr = span(xs), span(*y_ext)
+        xr, yr = _span(xs), _span(*y_ext)
     margin = dict(l=70, r=30, t=70, b=60)
-    pw, ph = width - margin["l"] - margin["r"], height - margin["t"] - margin["b"]
+    pw, ph = style.width - margin["l"] - margin["r"], style.height - margin["t"] - margin["b"]
     px = (xs - xr[0]) / (xr[1] - xr[0]) * pw            # pixels from the plot area's left
     py = (ys - yr[0]) / (yr[1] - yr[0]) * ph            # pixels from its bottom
     names = df[label].astype(str).tolist()
-    font, char_w, line_h, r = 11, 6.6, 15, 7   # px: label font, a generous character width, line height, and
-    # plotly's offset of a label from its marker's centre (size 9), sideways and up or down
-
-    def boxes(x0, y0, n):   # the box (x0, y0, x1, y1), y up, a label of n characters takes at each textposition
-        w, h = char_w * n, line_h
-        return {"top right": (x0 + r, y0 + r, x0 + r + w, y0 + r + h),
-                "bottom right": (x0 + r, y0 - r - h, x0 + r + w, y0 - r),
-                "top left": (x0 - r - w, y0 + r, x0 - r, y0 + r + h),
-                "bottom left": (x0 - r - w, y0 - r - h, x0 - r, y0 - r),
-                "middle right": (x0 + r, y0 - h / 2, x0 + r + w, y0 + h / 2),
-                "middle left": (x0 - r - w, y0 - h / 2, x0 - r, y0 + h / 2)}
-
-    def clash(a, b):
-        return not (a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1])
-
-    # the largest held-out changes first, each at the first place inside the plot whose box covers no label
-    # placed before it and no other point
-    dots = [(px[j] - r, py[j] - r, px[j] + r, py[j] + r) for j in range(len(df))]
-    placed, pos = [], {}
-    for i in np.argsort(-np.abs(ys), kind="stable"):
-        if len(pos) == n_labels:
-            break
-        for where, box in boxes(px[i], py[i], len(names[i])).items():
-            if box[0] >= 0 and box[1] >= 0 and box[2] <= pw and box[3] <= ph and \
-                    not any(clash(box, b) for b in placed) and \
-                    not any(clash(box, d) for j, d in enumerate(dots) if j != i):
-                placed.append(box)
-                pos[int(i)] = where
-                break
+    pos = _place_labels(px, py, names, np.argsort(-np.abs(ys), kind="stable"), style.n_labels, (pw, ph))
     text = [names[i] if i in pos else "" for i in range(len(df))]
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers+text", text=text,
                                textposition=[pos.get(i, "top right") for i in range(len(df))],
-                               hovertext=names, textfont=dict(size=font), marker=dict(size=9),
+                               hovertext=names, textfont=dict(size=LABEL_FONT), marker=dict(size=9),
                                hovertemplate="%{hovertext}<br>%{x:+.3f}, %{y:+.3f}<extra></extra>", **kw))
     if diagonal:
         fig.add_trace(go.Scatter(x=list(xr), y=list(yr), mode="lines", line=dict(dash="dash", color="grey"),
                                  name="held-out = search", hoverinfo="skip"))
     fig.add_hline(y=0, line_color="lightgrey")
     fig.update_layout(title=title or "gain on the search split vs on held-out items", xaxis_title=_label(x),
-                      yaxis_title=_label(y), showlegend=False, width=width, height=height, margin=margin,
-                      xaxis=dict(range=list(xr)), yaxis=dict(range=list(yr)))
-    return fig
-
-
-# ---------------------------------------------------------------------------------------------
-# Chapter 3 (theory) figures
-# ---------------------------------------------------------------------------------------------
-
-
-def search_trajectory(js, title: str | None = None) -> go.Figure:
-    """Change in accuracy of the best-by-search set of each size on the three splits: search (where it was
-    chosen), confirm and held-out (with the held-out 95% CI); the greedy path marked on the search line."""
-    b = js.best.sort_values("size")
-    fig = go.Figure()
-    for col, name in (("search_delta_accuracy", "search split (chosen here)"),
-                      ("confirm_delta_accuracy", "confirm split"), ("heldout_delta_accuracy", "held-out")):
-        kw = {}
-        if col == "heldout_delta_accuracy":   # a change in accuracy lies in [-baseline, 1 - baseline]
-            bounds = (-b["heldout_baseline"], 1 - b["heldout_baseline"]) if "heldout_baseline" in b else (-1.0, 1.0)
-            kw["error_y"] = clipped_bars(b[col], b["ci_low"], b["ci_high"], bounds)
-        fig.add_scatter(x=b["size"], y=b[col], mode="lines+markers", name=name, text=b["heads"],
-                        hovertemplate="%{text}<br>size %{x}: %{y:+.3f}<extra>" + name + "</extra>", **kw)
-    g = js.strategies[js.strategies.strategy == "greedy"]
-    if len(g):
-        fig.add_scatter(x=g["size"], y=g["search_delta_accuracy"], mode="markers", name="greedy's pick (search)",
-                        marker=dict(symbol="x", size=10), text=g["heads"],
-                        hovertemplate="%{text}<extra>greedy</extra>")
-    fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
-    sizes = sorted(int(k) for k in b["size"].unique())   # a count of heads: whole-number ticks only
-    fig.update_layout(title=title or f"{js.model} · {js.task}: best set of each size on the three splits",
-                      xaxis=dict(title="heads ablated together", tickmode="array", tickvals=sizes,
-                                 ticktext=[str(k) for k in sizes]),
-                      yaxis_title="change in accuracy", height=380)
-    return fig
-
-
-def random_control_figure(js, title: str | None = None) -> go.Figure:
-    """Left: change of random head sets of each size (from all heads) on the explore items, with the found set
-    marked (the plain control). Right: the held-out gain of the whole pipeline run on random pools of the
-    same size, with the real pipeline's marked (the selection-aware control)."""
-    rc, pc = js.random_control, js.pool_control
-    sizes = sorted(rc["size"].unique())
-    fig = go.Figure()
-    for k in sizes:
-        fig.add_box(x=[f"random set, size {k}"] * int((rc["size"] == k).sum()),
-                    y=rc[rc["size"] == k]["heldout_delta_accuracy"], name=f"random, size {k}", boxpoints="all",
-                    jitter=0.5, pointpos=0, marker=dict(size=4), line=dict(color="#999"),
-                    fillcolor="rgba(0,0,0,0)", text=rc[rc["size"] == k]["heads"], showlegend=False,
-                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
-    b = js.best[js.best["size"].isin(sizes)]
-    fig.add_scatter(x=[f"random set, size {k}" for k in b["size"]], y=b["explore_delta_accuracy"], mode="markers",
-                    marker=dict(symbol="star", size=16, color="#c0392b"), name="best-by-search set",
-                    text=[f"{h}<br>percentile {p:.0f}" for h, p in zip(b["heads"], b["random_percentile"])],
-                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
-    if len(pc):
-        fig.add_box(x=["random pool, same pipeline"] * len(pc), y=pc["heldout_delta_accuracy"], boxpoints="all",
-                    jitter=0.5, pointpos=0, marker=dict(size=6), line=dict(color="#999"),
-                    fillcolor="rgba(0,0,0,0)", text=pc["chosen"].fillna("nothing chosen"), showlegend=False,
-                    hovertemplate="%{text}: %{y:+.3f}<extra></extra>")
-        fig.add_scatter(x=["random pool, same pipeline"], y=[js.chosen_gain()], mode="markers",
-                        marker=dict(symbol="diamond", size=14, color="#c0392b"), name="the screened pool's pipeline",
-                        hovertemplate=f"percentile {js.pool_percentile():.0f}: %{{y:+.3f}}<extra></extra>")
-    fig.add_hline(y=0, line=dict(color="#888", dash="dot"))
-    fig.update_layout(title=title or f"{js.model} · {js.task}: found sets against random sets and random pools",
-                      yaxis_title="change in held-out accuracy", height=400)
-    return fig
-
-
-def interaction(js, title: str | None = None) -> go.Figure:
-    """For each best-by-search set of two or more heads: its change in held-out mean margin (y) against the sum of
-    its members' single changes (x), labelled with its heads, with the 95% CI of the interaction (joint - sum)
-    drawn around the joint change; the diagonal is "additive". Both axes span one range that holds every point,
-    every CI and 0, so a single set reads as clearly as many: above the diagonal its heads help more together
-    than apart, below it less."""
-    b = js.best[js.best["size"] >= 2]
-    fig = go.Figure()
-    if len(b):
-        joint = b["heldout_delta_margin"].astype(float)
-        summed = joint - b["interaction"]
-        v = np.concatenate([summed, joint, summed + b["interaction_ci_low"], summed + b["interaction_ci_high"], [0.0]])
-        lo, hi = float(v.min()), float(v.max())
-        pad = 0.1 * (hi - lo) or 0.1
-        lo, hi = lo - pad, hi + pad
-        fig.add_scatter(x=summed, y=joint, mode="markers+text", name="best set of its size",
-                        text=[f"{h} ({int(k)} heads)" for h, k in zip(b["heads"], b["size"])],
-                        textposition="middle right", cliponaxis=False, marker=dict(size=10, color="#c0392b"),
-                        customdata=np.stack([b["interaction"], b["interaction_ci_low"], b["interaction_ci_high"]], 1),
-                        error_y=dict(type="data", array=b["interaction_ci_high"] - b["interaction"],
-                                     arrayminus=b["interaction"] - b["interaction_ci_low"], visible=True),
-                        hovertemplate="%{text}<br>sum %{x:+.3f}, joint %{y:+.3f}<br>interaction %{customdata[0]:+.3f} "
-                                      "[%{customdata[1]:+.3f}, %{customdata[2]:+.3f}]<extra></extra>")
-    else:
-        lo, hi = -1.0, 1.0
-        fig.add_annotation(text="no set of two or more heads", x=0, y=0, showarrow=False)
-    fig.add_scatter(x=[lo, hi], y=[lo, hi], mode="lines", line=dict(color="#888", dash="dot"),
-                    name="additive (joint = sum)")
-    fig.update_layout(title=title or f"{js.model} · {js.task}: do single-head effects add up? (held-out margins)",
-                      xaxis=dict(title="sum of single-head changes in mean margin", range=[lo, hi], zeroline=True),
-                      yaxis=dict(title="joint change in mean margin", range=[lo, hi], zeroline=True),
-                      width=620, height=460, margin=dict(r=170), legend=dict(orientation="h", y=-0.2))
-    return fig
-
-
-def cross_task_heatmap(df: pd.DataFrame, title: str | None = None) -> go.Figure:
-    """Head set x task matrix of the change in accuracy, annotated with the 95% CI."""
-    sets = list(dict.fromkeys(df["set"]))
-    tasks = list(dict.fromkeys(df["task"]))
-    z = np.full((len(sets), len(tasks)), np.nan)
-    txt = [["" for _ in tasks] for _ in sets]
-    for r in df.itertuples():
-        i, j = sets.index(r.set), tasks.index(r.task)
-        z[i, j] = r.delta_accuracy
-        txt[i][j] = f"{r.delta_accuracy:+.2f}<br>[{r.ci_low:+.2f}, {r.ci_high:+.2f}]"
-    lim = float(np.nanmax(np.abs(z))) if np.isfinite(z).any() and np.nanmax(np.abs(z)) > 0 else 1.0
-    fig = go.Figure(go.Heatmap(z=z, x=tasks, y=sets, text=txt, texttemplate="%{text}", colorscale="RdBu",
-                               zmid=0, zmin=-lim, zmax=lim,
-                               colorbar=dict(title=dict(text="change in<br>accuracy", side="top"), len=1,
-                                             lenmode="fraction", thickness=18),
-                               hovertemplate="%{y} on %{x}: %{z:+.3f}<extra></extra>"))
-    # at least 320 px: with one or two rows a shorter plot squashes the colour bar to a sliver
-    fig.update_layout(title=fit(title or "cost on other tasks: change in held-out accuracy", 700),
-                      xaxis_title="evaluated on", yaxis_title="head set removed", height=max(400, 180 + 70 * len(sets)))
+                      yaxis_title=_label(y), showlegend=False, width=style.width, height=style.height,
+                      margin=margin, xaxis=dict(range=list(xr)), yaxis=dict(range=list(yr)))
     return fig
 
 
@@ -535,52 +452,4 @@ def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figur
     fig.update_layout(title=dict(text=fit(title or "gain on the task against cost on general text", width)),
                       xaxis_title="change in held-out accuracy (own task)",
                       yaxis_title="change in NLL per token, general text (nats)", height=420, width=width)
-    return fig
-
-
-# ---------------------------------------------------------------------------------------------
-# Chapter 2, beyond the pool: every selector on held-out items
-# ---------------------------------------------------------------------------------------------
-SELECTOR_COLOURS = {"top-k screen": "#1f77b4", "pool search": "#ff7f0e", "gradient": "#2ca02c",
-                    "compressed sensing": "#9467bd", "learned gates": "#d62728", "random": "#7f7f7f"}
-
-
-def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:
-    """Held-out change in accuracy of the set each selector chooses at every size ``k`` (lines), with its
-    paired-bootstrap 95% CI as a band, one panel per (model, task) of ``table`` (the tidy
-    :attr:`cel_utils.gates.SelectorComparison.table`, several concatenated); whole-number ticks for ``k``.
-
-    Example:
-        >>> t = pd.DataFrame({"model": "m", "task": "t", "selector": ["gradient"] * 2, "k": [1, 2],
-        ...                   "heads": ["L0H1", "L0H1+L1H0"], "heldout_delta_accuracy": [0.0, 0.05],
-        ...                   "ci_low": [-0.02, 0.0], "ci_high": [0.02, 0.1]})
-        >>> [tr.name for tr in selector_curves(t).data]
-        ['gradient', 'gradient 95% CI']
-    """
-    from plotly.subplots import make_subplots
-
-    pairs = list(dict.fromkeys(zip(table["model"], table["task"])))
-    fig = make_subplots(rows=1, cols=len(pairs), shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=[f"{m} · {t}" for m, t in pairs])
-    for col, (m, t) in enumerate(pairs, start=1):
-        g = table[(table["model"] == m) & (table["task"] == t)]
-        for name, s in g.groupby("selector", sort=False):
-            s = s.sort_values("k")
-            colour = SELECTOR_COLOURS.get(name, "#333333")
-            fig.add_trace(go.Scatter(x=s["k"], y=s["heldout_delta_accuracy"], mode="lines+markers", name=name,
-                                     legendgroup=name, showlegend=col == 1, line=dict(color=colour),
-                                     text=s["heads"], hovertemplate="%{text}<br>k = %{x}: %{y:+.3f}<extra>"
-                                     + name + "</extra>"), row=1, col=col)
-            band_x = list(s["k"]) + list(s["k"])[::-1]
-            band_y = list(s["ci_high"]) + list(s["ci_low"])[::-1]
-            fig.add_trace(go.Scatter(x=band_x, y=band_y, fill="toself", mode="lines", line=dict(width=0),
-                                     fillcolor=colour, opacity=0.12, name=f"{name} 95% CI", legendgroup=name,
-                                     showlegend=False, hoverinfo="skip"), row=1, col=col)
-        fig.add_hline(y=0, line=dict(color="#888", dash="dot"), row=1, col=col)
-    ks = sorted(int(k) for k in table["k"].unique())
-    fig.update_xaxes(title="heads removed (k)", tickmode="array", tickvals=ks, ticktext=[str(k) for k in ks])
-    fig.update_yaxes(title="change in held-out accuracy", col=1)
-    width = max(560, 420 * len(pairs))
-    fig.update_layout(title=dict(text=fit(title or "held-out gain of the set each selector chooses, by size",
-                                          width)), width=width, height=440, legend=dict(orientation="h", y=-0.2))
     return fig

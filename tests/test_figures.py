@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cel_utils import plots, tables, theory, theory_plots
+from cel_utils import joint_plots, plots, tables, theory, theory_plots
 
 
 def _visible_text(html: str) -> str:
@@ -54,7 +54,7 @@ def _js(sizes, inter=None):
 
 
 def test_search_trajectory_ticks_are_whole_numbers_of_heads():
-    fig = plots.search_trajectory(_js([1, 2, 3], inter=(-0.3, -0.4, -0.2)))
+    fig = joint_plots.search_trajectory(_js([1, 2, 3], inter=(-0.3, -0.4, -0.2)))
     assert list(fig.layout.xaxis.tickvals) == [1, 2, 3]
     assert all(float(v).is_integer() for v in fig.layout.xaxis.tickvals)
 
@@ -62,7 +62,7 @@ def test_search_trajectory_ticks_are_whole_numbers_of_heads():
 def test_interaction_with_one_set_is_a_labelled_point_with_its_ci_and_the_diagonal():
     """Chapter 2's usual case: one set of two heads. Its point is labelled, its CI drawn, and both axes span one
     range that holds the point, the whole CI and the diagonal."""
-    fig = plots.interaction(_js([1, 2], inter=(-0.32, -0.38, -0.26)))
+    fig = joint_plots.interaction(_js([1, 2], inter=(-0.32, -0.38, -0.26)))
     point, diag = fig.data
     assert list(point.text) == ["L0H0,L0H1 (2 heads)"] and "text" in point.mode
     joint, summed = 0.8 + 0.6, 0.8 + 0.6 + 0.32
@@ -73,7 +73,7 @@ def test_interaction_with_one_set_is_a_labelled_point_with_its_ci_and_the_diagon
     assert xr[0] <= min(0, joint - 0.06) and xr[1] >= max(summed, joint + 0.06)
     assert list(diag.x) == list(diag.y) == list(xr)
     # without a set of two heads the figure says so instead of drawing an empty scatter
-    empty = plots.interaction(_js([1]))
+    empty = joint_plots.interaction(_js([1]))
     assert any("no set of two or more heads" in a.text for a in empty.layout.annotations)
 
 
@@ -175,7 +175,7 @@ def test_selector_curves_one_panel_per_pair_whole_number_ticks_and_ci_bands():
     rows = [{"model": m, "task": t, "selector": s, "k": k, "heads": f"{s}{k}", "heldout_delta_accuracy": 0.01 * k,
              "ci_low": 0.01 * k - 0.02, "ci_high": 0.01 * k + 0.03}
             for m, t in (("a", "x"), ("b", "y")) for s in ("pool search", "learned gates") for k in (1, 2, 3)]
-    fig = plots.selector_curves(pd.DataFrame(rows))
+    fig = joint_plots.selector_curves(pd.DataFrame(rows))
     assert [a.text for a in fig.layout.annotations][:2] == ["a · x", "b · y"]
     lines = [tr for tr in fig.data if tr.mode == "lines+markers"]
     bands = [tr for tr in fig.data if tr.fill == "toself"]

@@ -1,6 +1,6 @@
-"""cel_utils.mechanism on tiny models: the decomposition against the model's own logits, a head's direct effect
-against a hand computation from the weights, the path split where the model after the head is linear, and the
-attention weights against the head's output."""
+"""cel_utils.mechanism and cel_utils.attention on tiny models: the decomposition against the model's own logits,
+a head's direct effect against a hand computation from the weights, the path split where the model after the head
+is linear, and the attention weights against the head's output."""
 
 import json
 import random
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cel_utils import attention as A
 from cel_utils import explanation as E
 from cel_utils import mechanism as M
 from cel_utils.cli import main
@@ -164,7 +165,7 @@ def test_attention_weights_rebuild_the_head_output(tiny_llama):
     l, h = 1, 3
     D, group = tiny_llama.head_dim, tiny_llama.n_heads // tiny_llama.n_kv_heads
     before = _model_diff(tiny_llama, reads)
-    w = M.attention(tiny_llama, reads, [(l, h), (l, 0)])
+    w = A.attention(tiny_llama, reads, [(l, h), (l, 0)])
     assert tiny_llama.model.config._attn_implementation != "eager"  # restored
     np.testing.assert_array_equal(_model_diff(tiny_llama, reads), before)  # nothing else changed
     attn = tiny_llama.decoder_layers[l].self_attn
@@ -272,12 +273,12 @@ def test_slot_token_counts_the_items_that_have_the_token_there():
 
     tok = SimpleNamespace(decode=lambda ids, **kw: f"<{ids[0]}>")
     reads = SimpleNamespace(inputs=[[5, 6, 7], [1, 6, 7], [9, 7], [4, 3, 8, 7]])
-    read_slots = [M.slots(tok, s) for s in reads.inputs]
-    assert M.slot_token(tok, reads, read_slots, (0, 0)) == ("<7>", 1.0)
-    assert M.slot_token(tok, reads, read_slots, (0, 1)) == ("<6>", 0.5)
-    assert M.slot_token(tok, reads, read_slots, (0, 2)) == ("<3>", 0.25)  # position 0 is the sink, not (0, 2)
-    assert M.slot_token(tok, reads, read_slots, M.SINK) == ("<5>", 0.25)
-    assert M.slot_token(tok, reads, read_slots, (0, 3)) == (None, 0.0)
+    read_slots = [A.slots(tok, s) for s in reads.inputs]
+    assert A.slot_token(tok, reads, read_slots, (0, 0)) == ("<7>", 1.0)
+    assert A.slot_token(tok, reads, read_slots, (0, 1)) == ("<6>", 0.5)
+    assert A.slot_token(tok, reads, read_slots, (0, 2)) == ("<3>", 0.25)  # position 0 is the sink, not (0, 2)
+    assert A.slot_token(tok, reads, read_slots, A.SINK) == ("<5>", 0.25)
+    assert A.slot_token(tok, reads, read_slots, (0, 3)) == (None, 0.0)
 
 
 def test_slots_align_few_shot_prompts_by_role():
@@ -287,8 +288,8 @@ def test_slots_align_few_shot_prompts_by_role():
 
     tok = char_tokenizer()
     a, b = "1+2=3\n10+20=30\n5+6=1", "11+22=33\n1+2=3\n55+66=12"
-    sa, sb = M.slots(tok, tok.encode(a)), M.slots(tok, tok.encode(b))
-    assert sa[0] == sb[0] == M.SINK and M.SINK not in sa[1:] + sb[1:]
+    sa, sb = A.slots(tok, tok.encode(a)), A.slots(tok, tok.encode(b))
+    assert sa[0] == sb[0] == A.SINK and A.SINK not in sa[1:] + sb[1:]
     assert sa[-1] == sb[-1] == (0, 0)                                   # the read (an answer digit)
     assert sa[a.rindex("=")] == (0, 1) and sb[b.rindex("=")] == (0, 2)  # the query's '=' (answers of 1 and 2 digits)
     # the last demonstration's line break and answer digits, the first demonstration's line break
@@ -315,12 +316,12 @@ def test_mean_attention_sums_to_one_on_prompts_of_different_lengths(tiny_llama):
     reads = M.choose_reads(tiny_llama, _multiline_task())
     assert len({len(s) for s in reads.inputs}) > 3                      # lengths differ
     assert len({sum(tiny_llama.tokenizer.decode([t]) == "\n" for t in s) for s in reads.inputs}) > 1
-    w = M.attention(tiny_llama, reads, [(1, 3)])[(1, 3)]
-    read_slots = [M.slots(tiny_llama.tokenizer, s) for s in reads.inputs]
-    keys, mean = M.mean_attention(w, read_slots)
-    assert abs(mean.sum() - 1) < 1e-6 and keys[0] == M.SINK and keys[-1] == (0, 0)
+    w = A.attention(tiny_llama, reads, [(1, 3)])[(1, 3)]
+    read_slots = [A.slots(tiny_llama.tokenizer, s) for s in reads.inputs]
+    keys, mean = A.mean_attention(w, read_slots)
+    assert abs(mean.sum() - 1) < 1e-6 and keys[0] == A.SINK and keys[-1] == (0, 0)
     assert len(keys) == len(set(keys))
-    rows = M.attention_rows(tiny_llama.tokenizer, reads, w)
+    rows = A.attention_rows(tiny_llama.tokenizer, reads, w)
     assert abs(sum(r["mean_weight"] for r in rows) - 1) < 1e-6
     # each slot's mean is its total weight over all reads divided by the number of reads
     k = (0, 5)
@@ -361,7 +362,7 @@ def test_a_sink_head_is_reported_as_a_sink_and_its_content_position_is_the_next_
     assert named.endswith("mean weight 0.30.")
     # the figure: a window of the last position only still holds the sink and the position the sentence names
     panel = E.attention_panel(p, tiny_llama.tokenizer, n_positions=1, n_rows=3)
-    assert panel["slots"] == [M.SINK, (0, 2), (0, 0)]
+    assert panel["slots"] == [A.SINK, (0, 2), (0, 0)]
     assert panel["x_labels"][1].startswith("read-2: " + E.shown(s["top_token"]))
     assert panel["x_labels"][0].startswith("sink: ")
     np.testing.assert_allclose(panel["z"][0, :2], [0.5, 0.3])
