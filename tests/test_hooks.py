@@ -233,7 +233,8 @@ def test_hooked_removes_its_hooks_when_the_body_raises(tiny):
     ref = _logits(lm, ids, att).logits
     before = _all_hook_counts(lm)
     zero = lambda x: torch.zeros_like(x)  # noqa: E731
-    points = [(p, l, zero) for p in ("z", "proj_out", "attn_out", "resid_pre", "resid_post") for l in range(lm.n_layers)]
+    points = [(p, l, zero) for p in ("z", "proj_out", "attn_out", "resid_pre", "resid_post")
+              for l in range(lm.n_layers)]
     with pytest.raises(RuntimeError, match="boom"):
         with hooks.hooked(lm, points + [("final", None, zero)]):
             assert _all_hook_counts(lm) == before + len(points) + 1
