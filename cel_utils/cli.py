@@ -208,11 +208,11 @@ def cmd_screen(args):
         emit(out, args.out)
         return
     if args.ray is not None:
-        from .cluster import ray_screen
+        from .cluster import PoolOptions, ray_screen
 
-        sc = ray_screen(lm, enc, heads, model=args.model, mode=ablation, address=args.ray or None,
-                        workers=args.workers, threads=args.threads, device=args.device, max_tokens=args.max_tokens,
-                        layers_per_chunk=args.chunk_layers, progress=not args.quiet)
+        sc = ray_screen(lm, enc, heads, model=args.model, mode=ablation, options=PoolOptions(
+            address=args.ray or None, workers=args.workers, threads=args.threads, device=args.device,
+            max_tokens=args.max_tokens, layers_per_chunk=args.chunk_layers, progress=not args.quiet))
     else:
         sc = screen(lm, task, heads=heads, mode=ablation, enc=enc, progress=not args.quiet,
                     max_tokens=args.max_tokens, layers_per_chunk=args.chunk_layers)

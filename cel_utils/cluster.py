@@ -15,8 +15,8 @@ and put together into the screen one process gives (``cel screen --ray [ADDRESS]
 ``ray`` is an optional extra (``pip install -e '.[cluster]'``), imported only inside these functions.
 
 Example:
-    >>> from cel_utils.cluster import ray_screen                                    # doctest: +SKIP
-    >>> sc = ray_screen(lm, enc, model="smollm2-135m", workers=2)                   # doctest: +SKIP
+    >>> from cel_utils.cluster import PoolOptions, ray_screen                       # doctest: +SKIP
+    >>> sc = ray_screen(lm, enc, model="smollm2-135m", options=PoolOptions(workers=2))  # doctest: +SKIP
     >>> sc.record()["heads"][0]["delta_accuracy"]                                   # doctest: +SKIP
 """
 
@@ -121,6 +121,29 @@ class PoolStats:
     wall_seconds: float = 0.0
     died: list = field(default_factory=list)
     ran_on: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How a screen runs on the pool of Ray workers (:func:`ray_screen`, :func:`run_chunks`): the Ray cluster's
+    ``address`` (None: a local Ray with this machine's cores, or the Ray this process is already connected to), the
+    number of ``workers`` (None: one per GPU with ``device="cuda"``, else one per ``threads`` CPUs of the cluster;
+    never more than the chunks), the CPU ``threads`` each worker reserves and gives torch, the workers' ``device``,
+    the most padded tokens per forward (``max_tokens``), the layers per chunk (``layers_per_chunk``, None:
+    ``SCREEN_CHUNK_LAYERS``) and whether the driver draws a progress bar (``progress``).
+
+    Example:
+        >>> PoolOptions(workers=2, layers_per_chunk=1).threads
+        1
+    """
+
+    address: str | None = None
+    workers: int | None = None
+    threads: int = 1
+    device: str = "cpu"
+    max_tokens: int = MAX_TOKENS
+    layers_per_chunk: int | None = None
+    progress: bool = True
 
 
 def connect(address: str | None = None) -> bool:
@@ -249,29 +272,31 @@ def _cause(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], todo: Sequence[int],
-               ablation: Ablation, n_layers: int, weights_hash: str, *, workers: int | None = None,
-               threads: int = 1, device: str = "cpu", dtype: str = "float32", max_tokens: int = MAX_TOKENS,
+def run_chunks(model: str, lm, enc: EncodedTask, chunks: Sequence[Sequence[Head]], todo: Sequence[int],
+               ablation: Ablation, *, options: PoolOptions = PoolOptions(),
                done: Callable[[int, ItemResults], None] | None = None,
-               on_dispatch: Callable[[int, Worker], None] | None = None, stats: PoolStats | None = None,
-               bar=None) -> dict[int, ItemResults]:
-    """Evaluate the chunks ``todo`` (indices into ``chunks``) on a pool of workers (:func:`start_pool`), the most
+               on_dispatch: Callable[[int, Worker], None] | None = None,
+               stats: PoolStats | None = None) -> dict[int, ItemResults]:
+    """Evaluate the chunks ``todo`` (indices into ``chunks``) on a pool of workers (:func:`start_pool`, with the
+    ``workers``, ``threads`` and ``device`` of ``options``) that each load ``model`` in the dtype of ``lm``, the
+    driver's copy (its weights hash is the one the workers must load; its layers price the chunks): the most
     expensive first, one chunk per idle worker; ``done(i, result)`` is called as each finishes (the driver stores it).
     A worker that dies has its chunk put back and retried on another; when none is left, a :class:`CELError`. The
     pool is stopped at the end. ``on_dispatch(i, worker)`` is called as chunk ``i`` is handed to a worker.
 
     Example:
-        >>> parts = run_chunks("smollm2-135m", enc, chunks, range(len(chunks)), Ablation.of("zero"),
-        ...                    lm.n_layers, lm.weights_hash, workers=2)                   # doctest: +SKIP
+        >>> parts = run_chunks("smollm2-135m", lm, enc, chunks, range(len(chunks)), Ablation.of("zero"),
+        ...                    options=PoolOptions(workers=2))                            # doctest: +SKIP
     """
     import ray
 
     stats = stats if stats is not None else PoolStats()
     if not todo:
         return {}
-    pool = start_pool(model, workers, device, dtype, weights_hash, threads=threads, at_most=len(todo))
+    pool = start_pool(model, options.workers, options.device, _dtype_name(lm), lm.weights_hash,
+                      threads=options.threads, at_most=len(todo))
     stats.workers = len(pool)
-    cost = {i: forward_equivalents(n_layers, [[h] for h in chunks[i]]) for i in todo}
+    cost = {i: forward_equivalents(lm.n_layers, [[h] for h in chunks[i]]) for i in todo}
     queue = deque(sorted(todo, key=lambda i: (-cost[i], i)))
     enc_ref, abl_ref = ray.put(enc), ray.put(ablation)
     idle, inflight, out = list(pool), {}, {}
@@ -279,7 +304,7 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
         while queue or inflight:
             while queue and idle:
                 w, i = idle.pop(0), queue.popleft()
-                inflight[w.actor.run.remote(i, list(chunks[i]), enc_ref, abl_ref, max_tokens)] = (i, w)
+                inflight[w.actor.run.remote(i, list(chunks[i]), enc_ref, abl_ref, options.max_tokens)] = (i, w)
                 if on_dispatch:
                     on_dispatch(i, w)
             if not inflight:
@@ -296,15 +321,9 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
             except ray.exceptions.RayError as e:
                 raise CELError(f"chunk {i} ({_layers(chunks[i])}) failed on the Ray worker on {w.host}: "
                                f"{_cause(e)}") from None
-            part = ItemResults(r["correct"], r["margin"], r["choice_scores"], seconds=r["seconds"])
-            out[i] = part
-            stats.computed += 1
-            stats.forwards += int(r["forwards"])
-            stats.ran_on[i] = f"{w.host}:{r['pid']}"
+            out[i] = part = _received(r, i, w, stats)
             if done:
                 done(i, part)
-            if bar is not None:
-                bar.update(1)
             idle.append(w)
         if queue:
             raise CELError(f"every Ray worker died ({', '.join(stats.died)}); {len(out)} chunks finished and are in "
@@ -314,45 +333,60 @@ def run_chunks(model: str, enc: EncodedTask, chunks: Sequence[Sequence[Head]], t
     return out
 
 
+def _received(r: dict, i: int, w: Worker, stats: PoolStats) -> ItemResults:
+    """What worker ``w`` sent back for chunk ``i`` (:meth:`ChunkWorker.run`) as item results, counted in ``stats``
+    (chunks computed, forward calls, where the chunk ran)."""
+    part = ItemResults(r["correct"], r["margin"], r["choice_scores"], seconds=r["seconds"])
+    stats.computed += 1
+    stats.forwards += int(r["forwards"])
+    stats.ran_on[i] = f"{w.host}:{r['pid']}"
+    return part
+
+
+def _cached_chunks(keys: Sequence[str], chunks: Sequence[Sequence[Head]], n_items: int) -> dict[int, ItemResults]:
+    """The chunks (by index) whose results the driver's result cache holds under ``keys``, read back."""
+    parts = {}
+    for i, k in enumerate(keys):
+        hit = cached_result(k, len(chunks[i]) + 1, n_items)
+        if hit is not None:
+            parts[i] = hit
+    return parts
+
+
 def _layers(chunk) -> str:
     ls = sorted({l for l, _ in chunk})
     return f"layer {ls[0]}" if len(ls) == 1 else f"layers {ls[0]}-{ls[-1]}"
 
 
 def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, model: str,
-               mode: str | Ablation = "zero", address: str | None = None, workers: int | None = None,
-               threads: int = 1, device: str = "cpu", max_tokens: int = MAX_TOKENS, layers_per_chunk: int | None = None,
-               progress: bool = True, result_cache: bool | None = None,
+               mode: str | Ablation = "zero", options: PoolOptions = PoolOptions(), result_cache: bool | None = None,
                on_dispatch: Callable[[int, Worker], None] | None = None,
                on_chunk: Callable[[int, ItemResults], None] | None = None) -> Screen:
     """The screen :func:`cel_utils.screening.screen` gives, with its chunks evaluated on Ray workers that each load
-    ``model`` (a name :func:`cel_utils.models.load_model` takes on every worker) on ``device``.
+    ``model`` (a name :func:`cel_utils.models.load_model` takes on every worker) on ``options.device``.
 
     ``lm`` is the driver's copy of the model (any device: it encodes, keys the cache and, in mean mode, computes the
     head means); ``enc`` the encoded items. Chunks in the driver's result cache are read back; every chunk computed
-    is stored there as it finishes (``on_chunk(i, result)`` is called after). ``address``: a Ray cluster, default a
-    local Ray with this machine's cores (kept if this process is already connected). Each worker reserves and uses
-    ``threads`` CPU threads: float32 sums depend on the number of threads in their last bits, so a one-process run
-    with as many torch threads gives byte-identical numbers, another number agrees to rounding. ``meta`` holds the
-    workers, chunks computed, retried and resumed, the workers' forward calls and the wall time.
+    is stored there as it finishes (``on_chunk(i, result)`` is called after). ``options`` (:class:`PoolOptions`):
+    the Ray cluster (default a local Ray with this machine's cores, kept if this process is already connected), the
+    workers and the chunks. Each worker reserves and uses ``options.threads`` CPU threads: float32 sums depend on the
+    number of threads in their last bits, so a one-process run with as many torch threads gives byte-identical
+    numbers, another number agrees to rounding. ``meta`` holds the workers, chunks computed, retried and resumed,
+    the workers' forward calls and the wall time.
 
     Example:
-        >>> sc = ray_screen(lm, enc, model="smollm2-135m", address="auto", device="cuda")   # doctest: +SKIP
+        >>> sc = ray_screen(lm, enc, model="smollm2-135m",
+        ...                 options=PoolOptions(address="auto", device="cuda"))          # doctest: +SKIP
     """
     t0 = time.perf_counter()
     heads = list(heads) if heads is not None else all_heads(lm)
     if not heads:
         raise CELError("no heads to screen")
     ablation = Ablation.of(mode).resolved(lm, enc.inputs)
-    chunks = chunk_sets(heads, layers_per_chunk)
+    chunks = chunk_sets(heads, options.layers_per_chunk)
     use_cache = cache.enabled() if result_cache is None else result_cache
-    keys = [result_key(lm, enc, chunk_head_sets(c), ablation, device=device) for c in chunks]
-    parts: dict[int, ItemResults] = {}
-    if use_cache:
-        for i, k in enumerate(keys):
-            hit = cached_result(k, len(chunks[i]) + 1, enc.n_items)
-            if hit is not None:
-                parts[i] = hit
+    keys = [result_key(lm, enc, chunk_head_sets(c), ablation, device=options.device) for c in chunks]
+    parts = _cached_chunks(keys, chunks, enc.n_items) if use_cache else {}
     todo = [i for i in range(len(chunks)) if i not in parts]
     stats = PoolStats(resumed=len(parts))
 
@@ -361,18 +395,17 @@ def ray_screen(lm, enc: EncodedTask, heads: Sequence[Head] | None = None, *, mod
             store_result(keys[i], part)
         if on_chunk:
             on_chunk(i, part)
+        bar.update(1)
 
     bar = tqdm(total=len(chunks), initial=len(parts), unit="chunk", leave=False,
-               desc=f"screening {len(heads)} heads on Ray", disable=not progress_enabled(progress))
+               desc=f"screening {len(heads)} heads on Ray", disable=not progress_enabled(options.progress))
     started = False
     try:
         if todo:
             require_ray()
-            started = connect(address)
-            parts.update(run_chunks(model, enc, chunks, todo, ablation, lm.n_layers, lm.weights_hash,
-                                    workers=workers, threads=threads, device=device, dtype=_dtype_name(lm),
-                                    max_tokens=max_tokens,
-                                    done=done, on_dispatch=on_dispatch, stats=stats, bar=bar))
+            started = connect(options.address)
+            parts.update(run_chunks(model, lm, enc, chunks, todo, ablation, options=options, done=done,
+                                    on_dispatch=on_dispatch, stats=stats))
     finally:
         bar.close()
         if started:

@@ -59,6 +59,26 @@ def _stratified_ci(samples: list[np.ndarray], weights: np.ndarray, n_boot: int, 
     return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def _label_share_shift(labels: np.ndarray, classes: list, base: np.ndarray, ablated: np.ndarray, n_boot: int,
+                       seed: int, alpha: float) -> dict:
+    """For two classes: the label whose share of answers grew (``share_label``), that growth with its CI
+    (``delta_share``, ``share_ci_low``, ``share_ci_high``) and the binomial test on the items whose answer label
+    changed (``shift_p_value``)."""
+    a = classes[0]
+    # 1 when the item's answer label is classes[0]: right on an `a` item, or wrong on the other class
+    ans_b = np.where(labels == a, base, ~base).astype(float)
+    ans_a = np.where(labels == a, ablated, ~ablated).astype(float)
+    moves = [ans_a[labels == c] - ans_b[labels == c] for c in classes]
+    w = np.array([(labels == c).mean() for c in classes])
+    d_share, lo, hi = _stratified_ci(moves, w, n_boot, seed, alpha)
+    to_a, to_b = int(sum((mv > 0).sum() for mv in moves)), int(sum((mv < 0).sum() for mv in moves))
+    p_shift = _binom_p(to_a, to_a + to_b)
+    sign = 1.0 if d_share >= 0 else -1.0
+    return dict(share_label=a if sign > 0 else classes[1], delta_share=sign * d_share,
+                share_ci_low=min(sign * lo, sign * hi), share_ci_high=max(sign * lo, sign * hi),
+                shift_p_value=p_shift)
+
+
 def class_effects(labels: Sequence, base: np.ndarray, ablated: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
                   alpha: float = ALPHA) -> dict:
     """Per-class accuracy before and after, balanced accuracy and label shares with CIs, and the kind of effect.
@@ -101,20 +121,8 @@ def class_effects(labels: Sequence, base: np.ndarray, ablated: np.ndarray, n_boo
            "share_ci_high": float("nan"), "shift_p_value": float("nan")}
     shifted = False
     if k == 2:
-        a = classes[0]
-        # 1 when the item's answer label is classes[0]: right on an `a` item, or wrong on the other class
-        ans_b = np.where(labels == a, base, ~base).astype(float)
-        ans_a = np.where(labels == a, ablated, ~ablated).astype(float)
-        moves = [ans_a[labels == c] - ans_b[labels == c] for c in classes]
-        w = np.array([(labels == c).mean() for c in classes])
-        d_share, lo, hi = _stratified_ci(moves, w, n_boot, seed, alpha)
-        to_a, to_b = int(sum((mv > 0).sum() for mv in moves)), int(sum((mv < 0).sum() for mv in moves))
-        p_shift = _binom_p(to_a, to_a + to_b)
-        sign = 1.0 if d_share >= 0 else -1.0
-        out.update(share_label=a if sign > 0 else classes[1], delta_share=sign * d_share,
-                   share_ci_low=min(sign * lo, sign * hi), share_ci_high=max(sign * lo, sign * hi),
-                   shift_p_value=p_shift)
-        shifted = p_shift < alpha
+        out.update(_label_share_shift(labels, classes, base, ablated, n_boot, seed, alpha))
+        shifted = out["shift_p_value"] < alpha
     if not any(v["fixes"] or v["breaks"] for v in per.values()):
         kind = "none"
     elif losing and (shifted or gaining):

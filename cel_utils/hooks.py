@@ -1,8 +1,9 @@
 """Model internals in one room: how the rest of the package reaches inside a Hugging Face causal LM.
 
 * :data:`ARCHS`: one :class:`Arch` record per architecture family: where the decoder layers, the attention module,
-  its output projection and the norms live, the config's logit soft-cap, the KV-cache keyword and the config
-  model types. Adding a family is one record here (and the six-family oracle tests).
+  its output projection and the norms live, the config's logit soft-cap and the config model types. Adding a
+  family is one record here (and the six-family oracle tests). The KV-cache keyword depends on the
+  ``transformers`` release, not on the family: :func:`kv_cache_kwarg` reads it from the forward's signature.
 * Named hook points, in the manner of TransformerLens's ``hook_points``:
 
   ===============  =========================================================================  ==========
@@ -62,7 +63,6 @@ class Arch:
     final_norm: str                   # from the model: the norm before the unembedding
     post_attention_norm: str | None = None  # inside a layer: a norm on the attention output before the residual add
     softcap: str | None = None        # config attribute: the final logits' soft-cap (tanh(x / c) * c)
-    kv_cache: str = "cache"           # keyword of the base model's forward that takes a KV cache
 
 
 ARCHS: dict[str, Arch] = {a.family: a for a in [
@@ -138,8 +138,9 @@ def softcap(lm) -> float | None:
 
 
 def kv_cache_kwarg(base) -> str:
-    """The keyword under which ``base`` (the base model) takes a KV cache: the record's, checked against the
-    forward's signature (older ``transformers`` releases call it ``past_key_values``)."""
+    """The keyword under which ``base`` (the base model) takes a KV cache, read from its forward's signature:
+    ``cache`` where the forward takes it (as every family's does in ``transformers`` 5.25), else ``past_key_values``
+    (older ``transformers`` releases)."""
     params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

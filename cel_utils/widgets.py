@@ -217,6 +217,30 @@ def _axis(values, x0: float = 80.0, width: float = 320.0):
     return x_of, ticks
 
 
+def _explorer_svg(x_of, ticks, random: dict) -> str:
+    """The static SVG of :func:`explorer_states`: the search and held-out rows, the zero line and ticks of the
+    shared scale ``x_of``, the random sets' changes per size (hidden until that size is chosen), and the point
+    and CI line of each row (placed by the page)."""
+    y = {"s": 20, "h": 46}
+    parts = [f'<svg class="cel-exp-plot" width="410" height="84" viewBox="0 0 410 84" role="img" '
+             f'aria-label="change in accuracy with 95% CI">',
+             f'<text x="4" y="{y["s"] + 4}" font-size="11">search</text>',
+             f'<text x="4" y="{y["h"] + 4}" font-size="11">held-out</text>',
+             f'<line x1="80" x2="400" y1="62" y2="62" stroke="#999"/>']
+    for tx, label in ticks:
+        parts.append(f'<line x1="{tx}" x2="{tx}" y1="8" y2="65" stroke="{"#888" if label in ("+0.00", "+0.000") else "#eee"}"/>'
+                     f'<text x="{tx}" y="77" font-size="10" text-anchor="middle">{label}</text>')
+    for k, vs in sorted(random.items()):
+        dots = "".join(f'<circle cx="{x_of(v)}" cy="{y["h"]}" r="2.5"/>' for v in vs)
+        parts.append(f'<g class="cel-exp-rand" data-size="{k}" fill="#999" fill-opacity="0.35" '
+                     f'style="display:none">{dots}</g>')
+    for s in ("s", "h"):
+        parts.append(f'<line class="cel-exp-ci-{s}" y1="{y[s]}" y2="{y[s]}" stroke="#333" stroke-width="2"/>'
+                     f'<circle class="cel-exp-pt-{s}" cy="{y[s]}" r="5"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def explorer_states(data: dict) -> tuple[dict, str]:
     """Per subset mask, what the page shows, formatted in Python like the book's tables
     (:func:`cel_utils.tables.cell`, so 0.8125 reads 0.812 in both), plus the plot's coordinates; and the
@@ -265,25 +289,7 @@ def explorer_states(data: dict) -> tuple[dict, str]:
             pct = percentile_among(ctrl, r["heldout"]["delta_accuracy"])
             t["hpct"] = f"{pct:.0f} (of {len(ctrl)})"
         states[mk] = {"t": t, "c": c, "p": p, "k": k}
-    # the static part of the plot: two rows, a zero line, ticks, the random sets per size (shown for that size)
-    y = {"s": 20, "h": 46}
-    parts = [f'<svg class="cel-exp-plot" width="410" height="84" viewBox="0 0 410 84" role="img" '
-             f'aria-label="change in accuracy with 95% CI">',
-             f'<text x="4" y="{y["s"] + 4}" font-size="11">search</text>',
-             f'<text x="4" y="{y["h"] + 4}" font-size="11">held-out</text>',
-             f'<line x1="80" x2="400" y1="62" y2="62" stroke="#999"/>']
-    for tx, label in ticks:
-        parts.append(f'<line x1="{tx}" x2="{tx}" y1="8" y2="65" stroke="{"#888" if label in ("+0.00", "+0.000") else "#eee"}"/>'
-                     f'<text x="{tx}" y="77" font-size="10" text-anchor="middle">{label}</text>')
-    for k, vs in sorted(random.items()):
-        dots = "".join(f'<circle cx="{x_of(v)}" cy="{y["h"]}" r="2.5"/>' for v in vs)
-        parts.append(f'<g class="cel-exp-rand" data-size="{k}" fill="#999" fill-opacity="0.35" '
-                     f'style="display:none">{dots}</g>')
-    for s in ("s", "h"):
-        parts.append(f'<line class="cel-exp-ci-{s}" y1="{y[s]}" y2="{y[s]}" stroke="#333" stroke-width="2"/>'
-                     f'<circle class="cel-exp-pt-{s}" cy="{y[s]}" r="5"/>')
-    parts.append("</svg>")
-    return states, "".join(parts)
+    return states, _explorer_svg(x_of, ticks, random)
 
 
 _EXPLORER_CSS = """
@@ -341,6 +347,28 @@ _EXPLORER_JS = """
 """
 
 
+def _explorer_notes(m: int, has_ci: bool, has_random: bool) -> str:
+    """The explorer's note under the plot (HTML-escaped): how the figures were made, for ``m`` pool heads, with
+    or without CIs and the random sets' control."""
+    notes = [f"Every one of the {2 ** m} subsets of these {m} heads was evaluated on the real model when the book "
+             "was built; the page looks the figures up, no kernel needed. Choose sets on the search split; the "
+             "held-out column is the honest one."]
+    notes.append("95% CI: paired bootstrap over items of the change in accuracy against the unablated model." if has_ci else
+                 "No per-item results were embedded, so no CIs are shown.")
+    if has_random:
+        notes.append("Percentile: where the held-out change falls among random head sets of the same size drawn "
+                     "from all heads (the plain control; ties count half).")
+    notes.append("Joint minus sum (accuracy): the set's change in accuracy minus the sum of its heads' changes alone "
+                 "(0 when the heads' effects add up).")
+    if has_random:
+        notes.append("Plot: the change in accuracy (dot) with its 95% CI (line); grey dots on the held-out row: "
+                     "random head sets of the same size drawn from all heads (the plain control), on the same "
+                     "items.")
+    else:
+        notes.append("Plot: the change in accuracy (dot) with its 95% CI (line).")
+    return " ".join(H.escape(n) for n in notes)
+
+
 def subset_explorer_html(data: dict) -> str:
     """Self-contained HTML + JS: toggle pool heads and read the exact precomputed figures of that subset.
 
@@ -374,23 +402,7 @@ def subset_explorer_html(data: dict) -> str:
     has_ci = any(st["t"]["sci"] != "\u2014" for mk, st in states.items() if mk)
     row = lambda label, cells: "<tr><td>" + label + "</td>" + "".join(  # noqa: E731
         f'<td class="{c}"></td>' if c else "<td></td>" for c in cells) + "</tr>"
-    n_random = sorted({len(v) for v in (data.get("random") or {}).values()})
-    notes = [f"Every one of the {2 ** m} subsets of these {m} heads was evaluated on the real model when the book "
-             "was built; the page looks the figures up, no kernel needed. Choose sets on the search split; the "
-             "held-out column is the honest one."]
-    notes.append("95% CI: paired bootstrap over items of the change in accuracy against the unablated model." if has_ci else
-                 "No per-item results were embedded, so no CIs are shown.")
-    if n_random:
-        notes.append("Percentile: where the held-out change falls among random head sets of the same size drawn "
-                     "from all heads (the plain control; ties count half).")
-    notes.append("Joint minus sum (accuracy): the set's change in accuracy minus the sum of its heads' changes alone "
-                 "(0 when the heads' effects add up).")
-    if n_random:
-        notes.append("Plot: the change in accuracy (dot) with its 95% CI (line); grey dots on the held-out row: "
-                     "random head sets of the same size drawn from all heads (the plain control), on the same "
-                     "items.")
-    else:
-        notes.append("Plot: the change in accuracy (dot) with its 95% CI (line).")
+    notes = _explorer_notes(m, has_ci, bool(data.get("random")))
     return (f"<style>{_EXPLORER_CSS}</style>"
             f'<div class="cel-explorer" id="{uid}" data-mask="0">'
             f'<div class="cel-exp-title">{title}</div>'
@@ -405,7 +417,7 @@ def subset_explorer_html(data: dict) -> str:
             + row("joint minus sum", ["", "sjms", "", "hjms"])
             + row("random-set percentile", ["", "", "", "hpct"])
             + f"</table></div>{svg}"
-            f'<div class="cel-exp-note">{" ".join(H.escape(n) for n in notes)}</div></div>'
+            f'<div class="cel-exp-note">{notes}</div></div>'
             f"<script>{_EXPLORER_JS % {'data': blob, 'id': json.dumps(uid)}}</script>")
 
 

@@ -94,7 +94,7 @@ def test_ray_screen_is_the_one_process_screen(ray_address, harm, one_process, tm
 def test_a_worker_killed_mid_run_has_its_chunk_retried(ray_address, harm, one_process, tmp_path, monkeypatch):
     """The worker handed the third chunk (after the first chunk came back) is killed with SIGKILL while that chunk
     is in flight: the chunk is retried on the other worker and the screen is the same."""
-    from cel_utils.cluster import ray_screen
+    from cel_utils.cluster import PoolOptions, ray_screen
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path / "cache"))
     folder, _, lm, enc = harm
@@ -106,8 +106,8 @@ def test_a_worker_killed_mid_run_has_its_chunk_retried(ray_address, harm, one_pr
             os.kill(worker.pid, signal.SIGKILL)
             killed.append((i, worker.pid))
 
-    sc = ray_screen(lm, enc, model=folder, address=ray_address, workers=2, layers_per_chunk=1, progress=False,
-                    on_dispatch=kill_third)
+    sc = ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, workers=2, layers_per_chunk=1,
+                                                               progress=False), on_dispatch=kill_third)
     (chunk, pid), = killed
     assert sc.meta["retried_chunks"] == 1 and sc.meta["computed_chunks"] == 3 and len(handed) == 4
     assert handed[-1] == chunk and sc.meta["ran_on"][chunk].split(":")[-1] != str(pid)   # on the other worker
@@ -116,7 +116,7 @@ def test_a_worker_killed_mid_run_has_its_chunk_retried(ray_address, harm, one_pr
 
 _DRIVER = """
 import os, signal, sys
-from cel_utils.cluster import ray_screen
+from cel_utils.cluster import PoolOptions, ray_screen
 from cel_utils.models import load_model
 from cel_utils.scoring import encode_task
 from cel_utils.tasks import load_task
@@ -131,7 +131,7 @@ def die_after_two(i, part):           # called once a finished chunk is in the r
     if len(stored) == 2:
         os.kill(os.getpid(), signal.SIGKILL)
 
-ray_screen(lm, enc, model=folder, address=address, workers=2, layers_per_chunk=1, progress=False,
+ray_screen(lm, enc, model=folder, options=PoolOptions(address=address, workers=2, layers_per_chunk=1, progress=False),
            on_chunk=die_after_two)
 """
 
@@ -143,7 +143,7 @@ def test_a_driver_killed_and_restarted_recomputes_nothing_finished(ray_address, 
     stored; started again on the same cache it reads those two back and computes only the third: the workers'
     forward calls are exactly those of the missing chunk (counted in-process chunk by chunk)."""
     from cel_utils.ablation import Ablation
-    from cel_utils.cluster import ray_screen
+    from cel_utils.cluster import PoolOptions, ray_screen
     from cel_utils.engine import cached_result, result_key
     from cel_utils.screening import chunk_head_sets, chunk_sets, screen_chunks
 
@@ -166,11 +166,13 @@ def test_a_driver_killed_and_restarted_recomputes_nothing_finished(ray_address, 
         before = engine.STATS["forwards"]
         screen_chunks(lm, enc, [c], zero, progress=False, result_cache=False)
         forwards.append(engine.STATS["forwards"] - before)
-    sc = ray_screen(lm, enc, model=folder, address=ray_address, workers=2, layers_per_chunk=1, progress=False)
+    sc = ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, workers=2, layers_per_chunk=1,
+                                                               progress=False))
     assert sc.meta["resumed_chunks"] == 2 and sc.meta["computed_chunks"] == 1 and sc.meta["workers"] == 1
     assert sc.meta["forwards"] == sum(f for i, f in enumerate(forwards) if i not in finished)
     assert_same_screen({**one_process, **_record(sc)}, one_process)
-    again = ray_screen(lm, enc, model=folder, address=ray_address, layers_per_chunk=1, progress=False)
+    again = ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, layers_per_chunk=1,
+                                                                  progress=False))
     assert again.meta["resumed_chunks"] == 3 and again.meta["workers"] == 0 and again.meta["forwards"] == 0
 
 
@@ -178,26 +180,28 @@ def test_a_driver_killed_and_restarted_recomputes_nothing_finished(ray_address, 
 def test_a_worker_that_cannot_load_the_model_fails_the_run_with_one_line(ray_address, harm, tmp_path, tiny_folder):
     """The workers are told to load a folder that is not there (as on a node without the model files), or a model
     with other weights than the driver's: a CELError of one line naming the problem, and nothing cached."""
-    from cel_utils.cluster import ray_screen
+    from cel_utils.cluster import PoolOptions, ray_screen
 
     folder, _, lm, enc = harm
     for model, workers, msg in [(str(tmp_path / "not-here"), 2, "cannot load the model"),
                                 (tiny_folder("llama"), 1, "loaded other weights")]:
         with pytest.raises(CELError) as e:
-            ray_screen(lm, enc, model=model, address=ray_address, workers=workers, layers_per_chunk=1,
-                       progress=False, result_cache=False)
+            ray_screen(lm, enc, model=model, options=PoolOptions(address=ray_address, workers=workers,
+                                                                 layers_per_chunk=1, progress=False),
+                       result_cache=False)
         assert msg in str(e.value) and len(str(e.value).splitlines()) == 1, str(e.value)
 
 
 @cluster
 def test_when_every_worker_dies_the_run_stops_with_one_line(ray_address, harm, tmp_path, monkeypatch):
     """Each worker is killed as it is handed its first chunk: one line saying so and that a rerun resumes."""
-    from cel_utils.cluster import ray_screen
+    from cel_utils.cluster import PoolOptions, ray_screen
 
     monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path / "cache"))
     folder, _, lm, enc = harm
     with pytest.raises(CELError) as e:
-        ray_screen(lm, enc, model=folder, address=ray_address, workers=2, layers_per_chunk=1, progress=False,
+        ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, workers=2, layers_per_chunk=1,
+                                                          progress=False),
                    on_dispatch=lambda i, w: os.kill(w.pid, signal.SIGKILL))
     msg = str(e.value)
     assert len(msg.splitlines()) == 1 and "every Ray worker died" in msg and "run the same command again" in msg
@@ -205,14 +209,15 @@ def test_when_every_worker_dies_the_run_stops_with_one_line(ray_address, harm, t
 
 @cluster
 def test_more_workers_than_the_cluster_holds_is_one_line(ray_address, harm):
-    from cel_utils.cluster import ray_screen
+    from cel_utils.cluster import PoolOptions, ray_screen
 
     folder, _, lm, enc = harm
     with pytest.raises(CELError, match="3 workers asked for, but the Ray cluster has room for 2"):
-        ray_screen(lm, enc, model=folder, address=ray_address, workers=3, progress=False, result_cache=False)
-    with pytest.raises(CELError, match=r"2 workers asked for, but the Ray cluster has room for 1 \(2 CPU each\)"):
-        ray_screen(lm, enc, model=folder, address=ray_address, workers=2, threads=2, progress=False,
+        ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, workers=3, progress=False),
                    result_cache=False)
+    with pytest.raises(CELError, match=r"2 workers asked for, but the Ray cluster has room for 1 \(2 CPU each\)"):
+        ray_screen(lm, enc, model=folder, options=PoolOptions(address=ray_address, workers=2, threads=2,
+                                                          progress=False), result_cache=False)
 
 
 @cluster
