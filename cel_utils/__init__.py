@@ -2,18 +2,26 @@
 
 Modules, in the order imports flow (each imports only from modules before it):
 
-* ``errors``, ``defaults``, ``io`` -- the one error type, every default, atomic JSON output
+* ``errors``, ``defaults``, ``design``, ``io`` -- the one error type, every default, the shared ``Design`` of a
+  run (split sizes, error rates, ablation, bootstrap, seed), atomic JSON output
+* ``records`` (the one reader of the chapters' records: a pair's verdict, chosen sets, labels, selectors)
 * ``hooks`` (model internals: per-family layout, named points, hooks always removed), ``cache`` (on-disk results)
 * ``models`` (loading), ``tiny`` (tiny random models for tests and exercise checks), ``tasks`` (built-in, JSONL)
 * ``formats`` (each task's items asked in eight meaning-preserving prompt formats)
-* ``ablation`` (head ablation, ``Ablation``), ``scoring`` (items, reads, the plain-loop reference ``plain_evaluate``)
-* ``engine`` (the exact batched evaluator of head sets), ``stats`` (paired statistics, exact tests, power)
+* ``ablation`` (the kinds of head ablation in one place: zero, mean, resample, constant, scale), ``scoring``
+  (items, reads, the plain-loop reference ``plain_evaluate``)
+* ``engine`` (the exact batched evaluator of head sets), ``stats`` (paired statistics, exact tests, the rules)
+* ``search`` (model-free search strategies: exhaustive, greedy, beam)
 * ``power`` (the power of the whole pipeline: a head planted in the real screen, simulated through every stage)
-* ``compare`` (head sets against the unablated model: ``compare_sets``, ``heldout_test``, ``pick_chosen``)
+* ``compare`` (head sets against the unablated model: ``compare_sets``)
+* ``pipeline`` (the book's method written once: confirm, choose, held-out, the control; the ``Run`` result)
 * ``screening`` (single-head screens), ``approximate`` (gradient and compressed-sensing screens, benchmark)
-* ``search`` (model-free strategies), ``joint`` (model-backed joint search, controls, cross-task cost)
-* ``gates`` (learned head gates over all heads; every way of choosing heads side by side on held-out items)
+* ``joint`` (model-backed pool search, chapter 2's joint search, controls, cross-task cost)
+* ``gates`` (learned head gates over all heads)
+* ``selectors`` (every way of choosing heads: the ``Selector`` protocol and its registry), ``comparison``
+  (every selector side by side on held-out items)
 * ``effects`` (per-class effects, flips), ``robust`` (is it a capability? formats, generation, ablation types)
+* ``battery`` (the checks run together on head sets, and the label rules)
 * ``verdict`` (choose, confirm, report on three splits)
 * ``mechanism`` (inside a head: its direct logits, the path split), ``attention`` (where it attends, by role)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)
@@ -24,7 +32,9 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``widgets`` (live explorers, the kernel-free subset explorer)
 * ``shards`` (screens in shards, ``cel merge``), ``cluster`` (a screen's chunks on a pool of Ray workers, ``--ray``)
 * ``book`` (execute the chapters, build the HTML)
-* ``cli`` (the ``cel`` command line)
+* ``cli_common`` (the ``cel`` command's arguments and shared helpers)
+* ``cli_screen`` (``cel screen``, ``cel search``, ``cel merge``)
+* ``cli`` (the ``cel`` command line: the other commands and ``main``)
 """
 
 __version__ = "0.1.0"

@@ -30,13 +30,18 @@ CHAPTERS_DIR = ROOT / "book" / "chapters"
 VENDOR = ROOT / "book" / "assets" / "vendor"
 
 
-def record(path: str | os.PathLike, values: dict) -> None:
-    """Write a chapter's headline values as JSON (atomically) so tests can check them. Returns nothing, so a
-    chapter's last cell prints no dict."""
-    from .cache import STATS
-    from .io import write_json_atomic
+PARAMETERS: dict = {}   # the running chapter's parameters, as check_parameters last read them (record writes them)
 
-    values = {**values, "cache": dict(STATS)}   # result-cache hits and misses of this run (the status page)
+
+def record(path: str | os.PathLike, values: dict) -> None:
+    """Write a chapter's headline values as JSON (atomically) so tests and later chapters can read them
+    (:class:`cel_utils.records.Records`), with the chapter's ``parameters`` (those :func:`check_parameters` read:
+    the papermill parameters it ran with) and its result-cache hits and misses. Returns nothing, so a chapter's
+    last cell prints no dict."""
+    from .cache import STATS
+    from .io import json_safe, write_json_atomic
+
+    values = {**values, "parameters": json_safe(dict(PARAMETERS)), "cache": dict(STATS)}
     write_json_atomic(path, values)
 
 
@@ -60,6 +65,8 @@ def check_parameters(namespace: dict, **types) -> None:
         if not ok:
             tname = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
             raise CELError(f"parameter {name!r} must be {tname}, got {type(val).__name__} {val!r}")
+    PARAMETERS.clear()
+    PARAMETERS.update({name: namespace.get(name) for name in types})
 
 
 SOLUTION = re.compile(r":::\{solution\}[^\n]*\n(.*?)\n:::", re.S)

@@ -3,7 +3,7 @@
 :func:`compare_sets` evaluates the sets with the exact engine and returns a :class:`Comparison`: a tidy table
 (accuracy, change, paired-bootstrap CI and p-value, the same for the mean margin) and the per-item arrays
 behind it. :func:`paired_table` is the statistics alone, for results already computed (a screen's).
-:func:`heldout_test` is the final test of sets chosen elsewhere: exact McNemar with Holm's correction.
+The stages that test chosen sets (confirm, held-out) are in :mod:`cel_utils.pipeline`.
 
 Example:
     >>> from cel_utils.compare import compare_sets                        # doctest: +SKIP
@@ -22,7 +22,7 @@ from .ablation import Ablation, Head
 from .defaults import ALPHA, N_BOOT
 from .engine import evaluate_head_sets
 from .scoring import EncodedTask, ItemResults, encode_task
-from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap_many
+from .stats import paired_bootstrap_many
 
 
 @dataclass
@@ -83,36 +83,3 @@ def compare_sets(lm, task_or_enc, named_sets: dict[str, Sequence[Head]], mode: s
     baseline, results = res.rows(slice(0, 1)), res.rows(slice(1, None))
     return Comparison(names=names, baseline=baseline, results=results,
                       table=paired_table(names, baseline, results, n_boot=n_boot, seed=seed, alpha=alpha))
-
-
-def heldout_test(lm, task, sets: dict[str, Sequence[Head]], mode: str | Ablation = "zero", means=None,
-                 alpha: float = ALPHA, n_boot: int = N_BOOT, seed: int = 0) -> tuple[pd.DataFrame, Comparison]:
-    """The final test of head sets chosen elsewhere: per set the change in accuracy with a paired-bootstrap CI,
-    fixes and breaks, the exact McNemar ``p_value``, ``p_holm`` (Holm over the sets, family-wise) and
-    ``holds`` (``p_holm < alpha`` and a gain).
-
-    Example:
-        >>> tab, cmp = heldout_test(lm, heldout, {"L13H0": [(13, 0)]})  # doctest: +SKIP
-    """
-    cmp = compare_sets(lm, task, sets, mode=mode, means=means, n_boot=n_boot, seed=seed)
-    tab = cmp.table.copy()
-    tab["fixes"], tab["breaks"] = fixes_breaks(cmp.baseline.correct[0], cmp.results.correct)
-    tab["p_value"] = mcnemar_exact(tab["fixes"], tab["breaks"])
-    tab["p_holm"] = holm(tab["p_value"].to_numpy()) if len(tab) else []
-    tab["holds"] = (tab["p_holm"] < alpha) & (tab["delta_accuracy"] > 0)
-    return tab, cmp
-
-
-def pick_chosen(table: pd.DataFrame, gain: str = "delta_accuracy", ok: str = "confirmed") -> pd.Series | None:
-    """The one rule for what the pipeline reports, fixed before any held-out test: of the rows confirmed on the
-    confirm split (``ok``), the one with the largest confirm gain (``gain``); ties go to the earlier row (the
-    better-ranked head on the search split, or the smaller set). None when nothing is confirmed.
-
-    Example:
-        >>> t = pd.DataFrame({"head": ["L1H0", "L2H0", "L3H0"], "delta_accuracy": [0.1, 0.2, 0.2],
-        ...                   "confirmed": [True, True, True]})
-        >>> pick_chosen(t)["head"]
-        'L2H0'
-    """
-    c = table[table[ok].astype(bool)]
-    return None if c.empty else c.loc[c[gain].idxmax()]

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from .defaults import ALPHA, N_BOOT
+from .stats import stratified_mean_ci
 
 KINDS = ("no class loses items", "a class loses items", "harmful", "unclear", "none")
 
@@ -42,23 +43,6 @@ def _binom_p(k: int, n: int) -> float:
     return 1.0 if n == 0 else float(binomtest(int(k), int(n), 0.5).pvalue)
 
 
-def _stratified_ci(samples: list[np.ndarray], weights: np.ndarray, n_boot: int, seed: int, alpha: float):
-    """Percentile CI of ``sum_c weights[c] * mean(samples[c])``, each class resampled on its own
-    (``scipy.stats.bootstrap`` with one sample per class and ``paired=False``)."""
-    from scipy.stats import bootstrap
-
-    point = float(sum(w * s.mean() for w, s in zip(weights, samples)))
-    if all(np.ptp(s) == 0 for s in samples):  # nothing varies: the CI is the point
-        return point, point, point
-
-    def stat(*xs, axis=-1):
-        return sum(w * x.mean(axis=axis) for w, x in zip(weights, xs))
-
-    res = bootstrap(tuple(samples), stat, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
-                    random_state=np.random.default_rng(seed), vectorized=True, paired=False)
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
 def _label_share_shift(labels: np.ndarray, classes: list, base: np.ndarray, ablated: np.ndarray, n_boot: int,
                        seed: int, alpha: float) -> dict:
     """For two classes: the label whose share of answers grew (``share_label``), that growth with its CI
@@ -70,7 +54,7 @@ def _label_share_shift(labels: np.ndarray, classes: list, base: np.ndarray, abla
     ans_a = np.where(labels == a, ablated, ~ablated).astype(float)
     moves = [ans_a[labels == c] - ans_b[labels == c] for c in classes]
     w = np.array([(labels == c).mean() for c in classes])
-    d_share, lo, hi = _stratified_ci(moves, w, n_boot, seed, alpha)
+    d_share, lo, hi = stratified_mean_ci(moves, w, n_boot, seed, alpha)
     to_a, to_b = int(sum((mv > 0).sum() for mv in moves)), int(sum((mv < 0).sum() for mv in moves))
     p_shift = _binom_p(to_a, to_a + to_b)
     sign = 1.0 if d_share >= 0 else -1.0
@@ -113,7 +97,7 @@ def class_effects(labels: Sequence, base: np.ndarray, ablated: np.ndarray, n_boo
         diffs.append(ablated[m].astype(float) - base[m].astype(float))
         if p < alpha:
             (losing if breaks > fixes else gaining).append(c)
-    d_bal, bal_lo, bal_hi = _stratified_ci(diffs, np.full(k, 1.0 / k), n_boot, seed, alpha)
+    d_bal, bal_lo, bal_hi = stratified_mean_ci(diffs, np.full(k, 1.0 / k), n_boot, seed, alpha)
     out = {"classes": per, "balanced_baseline": float(np.mean([v["baseline"] for v in per.values()])),
            "balanced_ablated": float(np.mean([v["ablated"] for v in per.values()])),
            "delta_balanced": d_bal, "balanced_ci_low": bal_lo, "balanced_ci_high": bal_hi,

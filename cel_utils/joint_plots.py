@@ -34,7 +34,7 @@ def search_trajectory(js, title: str | None = None) -> go.Figure:
         kw = {}
         if col == "heldout_delta_accuracy":   # a change in accuracy lies in [-baseline, 1 - baseline]
             bounds = (-b["heldout_baseline"], 1 - b["heldout_baseline"]) if "heldout_baseline" in b else (-1.0, 1.0)
-            kw["error_y"] = clipped_bars(b[col], b["ci_low"], b["ci_high"], bounds)
+            kw["error_y"] = clipped_bars(b[col], b["heldout_ci_low"], b["heldout_ci_high"], bounds)
         fig.add_scatter(x=b["size"], y=b[col], mode="lines+markers", name=name, text=b["heads"],
                         hovertemplate="%{text}<br>size %{x}: %{y:+.3f}<extra>" + name + "</extra>", **kw)
     g = js.strategies[js.strategies.strategy == "greedy"]
@@ -150,12 +150,12 @@ SELECTOR_COLOURS = {"top-k screen": "#1f77b4", "pool search": "#ff7f0e", "gradie
 def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     """Held-out change in accuracy of the set each selector chooses at every size ``k`` (lines), with its
     paired-bootstrap 95% CI as a band, one panel per (model, task) of ``table`` (the tidy
-    :attr:`cel_utils.gates.SelectorComparison.table`, several concatenated); whole-number ticks for ``k``.
+    :attr:`cel_utils.comparison.SelectorComparison.table`, several concatenated); whole-number ticks for ``k``.
 
     Example:
         >>> t = pd.DataFrame({"model": "m", "task": "t", "selector": ["gradient"] * 2, "k": [1, 2],
         ...                   "heads": ["L0H1", "L0H1+L1H0"], "heldout_delta_accuracy": [0.0, 0.05],
-        ...                   "ci_low": [-0.02, 0.0], "ci_high": [0.02, 0.1]})
+        ...                   "heldout_ci_low": [-0.02, 0.0], "heldout_ci_high": [0.02, 0.1]})
         >>> [tr.name for tr in selector_curves(t).data]
         ['gradient', 'gradient 95% CI']
     """
@@ -174,7 +174,7 @@ def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:
                                      text=s["heads"], hovertemplate="%{text}<br>k = %{x}: %{y:+.3f}<extra>"
                                      + name + "</extra>"), row=1, col=col)
             band_x = list(s["k"]) + list(s["k"])[::-1]
-            band_y = list(s["ci_high"]) + list(s["ci_low"])[::-1]
+            band_y = list(s["heldout_ci_high"]) + list(s["heldout_ci_low"])[::-1]
             fig.add_trace(go.Scatter(x=band_x, y=band_y, fill="toself", mode="lines", line=dict(width=0),
                                      fillcolor=colour, opacity=0.12, name=f"{name} 95% CI", legendgroup=name,
                                      showlegend=False, hoverinfo="skip"), row=1, col=col)

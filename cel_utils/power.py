@@ -4,7 +4,30 @@ The minimum detectable gain of :func:`cel_utils.stats.min_detectable_gain` is th
 alone, for a head that has already ranked in the top ``top_k`` on the search items. A head must first get
 there: :func:`pipeline_power` simulates all three stages of :func:`cel_utils.verdict.single_head_verdict`
 for a head *planted* in the real screen, and gives the probability that it ends confirmed and holding on
-the held-out items, with the stage probabilities behind it.
+the held-out items, with the stage probabilities behind it. Each simulation plants a head and runs the stages,
+each written once:
+
+* **search** (:func:`rank_stage`): the search items resampled with replacement; each real head scores its per-item
+  change in margin averaged over the resample; the planted head is a *host* (a head drawn uniformly from those not
+  in the real top ``2 * top_k``) plus the shift ``d = shift_for_gain(calib_margins, g)`` on every item, and
+  replaces its host; it must rank in the top ``top_k`` (ties count against it);
+* **confirm** (:func:`confirm_stage`): planted (fixes, breaks) ~ Multinomial(n_confirm, [g + b, b, 1 - g - 2b]),
+  the other ``top_k - 1`` drawn from the real re-tested heads; exact McNemar, Benjamini-Hochberg over the
+  ``top_k`` and the pipeline's confirm rule (:func:`cel_utils.stats.confirm_rule`);
+* **held-out** (:func:`heldout_stage`): planted (fixes, breaks) ~ Multinomial(n_heldout, ...); the sets tested are
+  the confirmed heads alone and, when more than one, all together (whose p-value, like the other heads', is drawn
+  from the real held-out p-values or 1: conservative, since the set holds the planted head); Holm over the sets
+  and the pipeline's held-out rule (:func:`cel_utils.stats.holds_rule`).
+
+The stages use disjoint items and independent draws, so each stage probability is estimated on all simulations
+and the power is their product. Counted is the planted head holding, whether or not another confirmed head has a
+larger confirm gain. The same draws serve every (g, b) row (``p_rank`` never falls as ``g`` rises).
+
+Resampling the observed items adds the search noise to head means that already carry it once, so the real heads
+spread more than on fresh items and ``p_rank`` comes out low (conservative). ``match_spread`` first pulls each
+head's per-item changes towards the mean over heads by ``sqrt(lam)``, with ``lam = 1 - (mean per-head noise
+variance of a mean) / (variance of the head means)``: the centres then spread as much as the true head means are
+estimated to (constrained Bayes, Louis 1984) and the resampling adds the noise once.
 
 * :func:`shift_for_gain`: the uniform margin shift that turns a gain ``g`` in accuracy into a change in margin.
 * :func:`mcnemar_table`: exact McNemar p-values for every (fixes, breaks) on ``n`` items (a lookup table).
@@ -16,22 +39,24 @@ Example:
     >>> import numpy as np
     >>> rng = np.random.default_rng(0)
     >>> base = rng.normal(0.3, 1, 32); heads = base + rng.normal(0, 0.1, (40, 1)) + rng.normal(0, 0.3, (40, 32))
-    >>> tab = pipeline_power(base, heads, rng.normal(0.3, 1, 250), n_confirm=250, n_heldout=200, gains=[0.15],
-    ...                      confirm_others=[(20, 22), (18, 25)], n_sim=500)
+    >>> inputs = PowerInputs(base, heads, rng.normal(0.3, 1, 250), confirm_others=[(20, 22), (18, 25)])
+    >>> tab = pipeline_power(inputs, Design(n_confirm=250, n_heldout=200), gains=[0.15], n_sim=500)
     >>> bool(tab.power[0] > 0.5), power_sentence(tab.iloc[0])[:45]
     (True, 'a single head with gain 0.15 would have been ')
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .defaults import ALPHA, CONFIRM_TOP_K, FDR, POWER
-from .stats import holm, min_detectable_gain
+from .defaults import CONFIRM_TOP_K, FDR, POWER
+from .design import Design
+from .stats import confirm_rule, holds_rule, holm, min_detectable_gain
 
 
 def shift_for_gain(margins: np.ndarray, g: float) -> float | None:
@@ -90,106 +115,55 @@ def _flips(u: np.ndarray, n: int, g: float, b: float) -> tuple[np.ndarray, np.nd
     return fix, brk
 
 
-def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_margins: np.ndarray, *,
-                   n_confirm: int, n_heldout: int, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
-                   alpha: float = ALPHA, gains: Sequence[float], break_rates: Sequence[float] = (0.0,),
-                   confirm_others: Sequence[tuple[int, int]], heldout_others: Sequence[float] | None = None,
-                   match_spread: bool = False, n_sim: int = 2000, seed: int = 0,
-                   n_draw: int | None = None) -> pd.DataFrame:
+@dataclass(frozen=True)
+class PowerInputs:
+    """What the simulation of :func:`pipeline_power` plants a head into, taken from a real run.
+
+    ``search_base [n_s]`` and ``search_heads [H, n_s]``: the search screen's margins, unablated and with each head
+    removed alone; ``calib_margins [m]``: unablated margins (e.g. the confirm split's) that turn a gain into a
+    margin shift and bound it (the room ``1 - accuracy``); ``confirm_others``: (fixes, breaks) of the real
+    re-tested heads on the confirm items; ``heldout_others``: the real held-out p-values (None: 1)."""
+
+    search_base: np.ndarray
+    search_heads: np.ndarray
+    calib_margins: np.ndarray
+    confirm_others: Sequence[tuple[int, int]]
+    heldout_others: Sequence[float] | None = None
+
+
+def pipeline_power(inputs: PowerInputs, design: Design, gains: Sequence[float], break_rates: Sequence[float] = (0.0,),
+                   match_spread: bool = False, n_sim: int = 2000, n_draw: int | None = None) -> pd.DataFrame:
     """Probability that a single head with accuracy gain ``g`` (breaking ``b`` of the items) would end
-    *localized* -- in the top ``top_k`` on the search items, confirmed, holding on held-out items -- by the
-    pipeline of :func:`cel_utils.verdict.single_head_verdict`, simulated ``n_sim`` times around the real screen.
+    *localized* -- in the top ``design.top_k`` on the search items, confirmed, holding on held-out items -- by
+    the pipeline of :func:`cel_utils.verdict.single_head_verdict`, simulated ``n_sim`` times around the real run
+    (:class:`PowerInputs`) with the run's :class:`~cel_utils.design.Design` (``n_confirm``, ``n_heldout``,
+    ``top_k``, ``fdr``, ``alpha``; ``seed`` seeds the simulation), through :func:`rank_stage`,
+    :func:`confirm_stage` and :func:`heldout_stage` (the module docstring says how each draws).
+    ``match_spread``: shrink the screen's head means to the spread the true means are estimated to have (the
+    module docstring); ``n_draw``: search items each simulated search draws (default the screen's; more
+    extrapolates). One row per (gain, break rate); the same draws serve every row.
 
-    Inputs: the search screen's margins, ``search_base [n_s]`` (unablated) and ``search_heads [H, n_s]`` (each
-    head removed alone); ``calib_margins [m]`` unablated margins (e.g. the confirm split's) that turn ``g``
-    into a margin shift and bound it (the room ``1 - accuracy``); ``confirm_others``: (fixes, breaks) of the
-    real re-tested heads on ``n_confirm`` items; ``heldout_others``: the real held-out p-values (None: 1).
-
-    Each simulation plants a head and runs the three stages:
-
-    * **search**: the ``n_s`` items resampled with replacement; each real head scores its per-item change in
-      margin averaged over the resample; the planted head is a *host* (a head drawn uniformly from those not
-      in the real top ``2 * top_k``) plus the shift ``d = shift_for_gain(calib_margins, g)`` on every item, and
-      replaces its host; it must rank in the top ``top_k`` (ties count against it);
-    * **confirm**: planted (fixes, breaks) ~ Multinomial(n_confirm, [g + b, b, 1 - g - 2b]), the other
-      ``top_k - 1`` drawn from ``confirm_others``; exact McNemar, Benjamini-Hochberg over the ``top_k``;
-      confirmed = q < ``fdr`` and fixes > breaks (:func:`cel_utils.stats.confirm_decisions`);
-    * **held-out**: planted (fixes, breaks) ~ Multinomial(n_heldout, ...); the sets tested are the confirmed
-      heads alone and, when more than one, all together (whose p-value, like the other heads', is drawn from
-      ``heldout_others`` or 1: conservative, since the set holds the planted head); Holm over the sets; the
-      planted head holds when its adjusted p < ``alpha`` and fixes > breaks.
-
-    The stages use disjoint items and independent draws, so each stage probability is estimated on all
-    ``n_sim`` simulations and ``power = p_rank * p_confirm_given_rank * p_hold_given_confirm`` (``se`` its Monte
-    Carlo standard error). Counted is the planted head holding, whether or not another confirmed head has a
-    larger confirm gain. The same draws serve every (g, b) row: rows differ by the effect, not by the draws
-    (``p_rank`` never falls as ``g`` rises).
-
-    Resampling the observed items adds the search noise to head means that already carry it once, so the
-    real heads spread more than on fresh items and ``p_rank`` comes out low (conservative). ``match_spread``
-    first pulls each head's per-item changes towards the mean over heads by ``sqrt(lam)``, with ``lam = 1 -
-    (mean per-head noise variance of a mean) / (variance of the head means)``: the centres then spread as much
-    as the true head means are estimated to (constrained Bayes, Louis 1984) and the resampling adds the noise
-    once.
-
-    ``n_draw``: how many search items each simulated search draws (default ``n_s``, the screen's own): the power
-    of a search on fewer or more items, estimated from this screen (more than ``n_s`` extrapolates: the draws
-    repeat the screen's items).
-
-    Columns: ``gain``, ``break_rate``, ``margin_shift`` (``d``), ``room``, ``power``, ``se``, ``p_rank``,
-    ``p_confirm_given_rank``, ``p_hold_given_confirm``, ``reason``, ``n_sim``. ``reason`` says why a row is
-    structural: ``g`` above the room (power 0), or ``g + b`` above it or ``b`` above the accuracy (no such
-    head: power NaN).
+    Columns: ``gain``, ``break_rate``, ``margin_shift`` (``d``), ``room``, ``power`` (``p_rank *
+    p_confirm_given_rank * p_hold_given_confirm``), ``se`` (its Monte Carlo standard error), the three stage
+    probabilities, ``reason`` (why a row is structural: ``g`` above the room, power 0; ``g + b`` above it or ``b``
+    above the accuracy, no such head, NaN) and ``n_sim``.
 
     Example:
         >>> rng = np.random.default_rng(1)
         >>> base = rng.normal(0, 1, 32); heads = base + rng.normal(0, 0.3, (30, 32))
-        >>> tab = pipeline_power(base, heads, rng.normal(1.8, 1, 250), n_confirm=250, n_heldout=200,
-        ...                      gains=[0.1], confirm_others=[(3, 2)], n_sim=200)
+        >>> inputs = PowerInputs(base, heads, rng.normal(1.8, 1, 250), confirm_others=[(3, 2)])
+        >>> tab = pipeline_power(inputs, Design(n_confirm=250, n_heldout=200), gains=[0.1], n_sim=200)
         >>> float(tab.power[0]), tab.reason[0]
         (0.0, 'ceiling: the baseline leaves only 0.04 to gain')
     """
-    from scipy.stats import false_discovery_control
-
-    base = np.asarray(search_base, dtype=float)  # [n_s]
-    delta = np.asarray(search_heads, dtype=float) - base[None]  # [H, n_s] per-item change in margin
-    H, n_s = delta.shape
-    calib = np.asarray(calib_margins, dtype=float)
+    calib = np.asarray(inputs.calib_margins, dtype=float)
     room = 1.0 - float(np.mean(calib > 0))
-    others = np.asarray(confirm_others, dtype=int).reshape(-1, 2)  # [m_o, 2] (fixes, breaks)
-    if top_k > 1 and len(others) == 0:
+    others = np.asarray(inputs.confirm_others, dtype=int).reshape(-1, 2)  # [m_o, 2] (fixes, breaks)
+    if design.top_k > 1 and len(others) == 0:
         raise ValueError("confirm_others is empty: the other re-tested heads' (fixes, breaks) are needed")
-    real = delta.mean(axis=1)  # [H]
-    hosts = np.argsort(-real, kind="stable")[2 * top_k:]  # heads outside the real top 2k
-    if match_spread:
-        noise = float(np.mean(delta.var(axis=1, ddof=1))) / n_s  # variance of one head's mean from the items
-        spread = float(real.var(ddof=1))
-        lam = max(0.0, 1.0 - noise / spread) if spread > 0 else 1.0
-        delta = delta - ((1.0 - np.sqrt(lam)) * (real - real.mean()))[:, None]  # same order, matched spread
-    if len(hosts) == 0:
-        raise ValueError(f"no host: {H} heads, none outside the top {2 * top_k}")
-    rng = np.random.default_rng(seed)
-
-    # search: bootstrap counts [n_sim, n_s] -> every head's resampled mean change [n_sim, H]
-    m = n_s if n_draw is None else int(n_draw)
-    counts = rng.multinomial(m, np.full(n_s, 1.0 / n_s), size=n_sim)
-    means = counts @ delta.T / m  # [n_sim, H]
-    host = hosts[rng.integers(0, len(hosts), n_sim)]  # [n_sim]
-    host_score = means[np.arange(n_sim), host]
-    means[np.arange(n_sim), host] = -np.inf  # the planted head replaces its host
-    kth = -np.partition(-means, top_k - 1, axis=1)[:, top_k - 1]  # top_k-th best of the others [n_sim]
-
-    # confirm and held-out draws shared by every row
-    u_conf, u_held = rng.uniform(np.finfo(float).tiny, 1.0, (2, 2, n_sim))  # in (0, 1): ppf stays in the support
-    p_conf_tab, p_held_tab = mcnemar_table(n_confirm), mcnemar_table(n_heldout)
-    pick = others[rng.integers(0, max(len(others), 1), (n_sim, top_k - 1))] if top_k > 1 else \
-        np.zeros((n_sim, 0, 2), int)  # [n_sim, top_k - 1, 2]
-    o_f, o_b = pick[..., 0], pick[..., 1]
-    o_p = p_conf_tab[o_f, o_b] if top_k > 1 else np.zeros((n_sim, 0))
-    held_pool = np.asarray(heldout_others if heldout_others is not None else [], dtype=float)
-    held_draw = (held_pool[rng.integers(0, len(held_pool), (n_sim, top_k))] if len(held_pool)
-                 else np.ones((n_sim, top_k)))  # p-values of the other sets tested [n_sim, top_k]
-
+    rng = np.random.default_rng(design.seed)
+    host_score, kth = rank_stage(inputs, design.top_k, match_spread, n_sim, n_draw, rng)
+    draws = _shared_draws(rng, others, inputs.heldout_others, design, n_sim)
     rows = []
     for g in gains:
         d = shift_for_gain(calib, g)
@@ -199,35 +173,94 @@ def pipeline_power(search_base: np.ndarray, search_heads: np.ndarray, calib_marg
                    "reason": None, "n_sim": n_sim}
             if d is None:
                 row["reason"] = f"ceiling: the baseline leaves only {room:.2f} to gain"
-                rows.append(row)
-                continue
-            if g + b > room or b > 1 - room:
+            elif g + b > room or b > 1 - room:
                 row.update(power=np.nan, se=np.nan,
                            reason=f"no such head: it must fix {g + b:.2f} and break {b:.2f} of the items, and the "
                                   f"baseline gets {room:.2f} wrong and {1 - room:.2f} right")
-                rows.append(row)
-                continue
-            ranked = host_score + d > kth  # [n_sim]
-            f, br = _flips(u_conf, n_confirm, g, b)
-            p = np.concatenate([p_conf_tab[f, br][:, None], o_p], axis=1)  # [n_sim, top_k], planted first
-            q = false_discovery_control(p, axis=1, method="bh")
-            conf = (q < fdr) & (np.concatenate([(f > br)[:, None], o_f > o_b], axis=1))  # [n_sim, top_k]
-            hf, hb = _flips(u_held, n_heldout, g, b)
-            hp = p_held_tab[hf, hb]
-            n_conf = conf.sum(axis=1)
-            n_sets = n_conf + (n_conf > 1)  # confirmed heads alone, and together when more than one
-            holds = np.zeros(n_sim, bool)
-            for s in np.flatnonzero(conf[:, 0]):
-                adj = holm(np.concatenate([[hp[s]], held_draw[s, :n_sets[s] - 1]]))[0]
-                holds[s] = adj < alpha and hf[s] > hb[s]
-            p_r, p_c = ranked.mean(), conf[:, 0].mean()
-            p_ch = (conf[:, 0] & holds).mean()
-            v_r, v_ch = p_r * (1 - p_r) / n_sim, p_ch * (1 - p_ch) / n_sim
-            row.update(power=float(p_r * p_ch), se=float(np.sqrt(p_r ** 2 * v_ch + p_ch ** 2 * v_r + v_r * v_ch)),
-                       p_rank=float(p_r), p_confirm_given_rank=float(p_c),
-                       p_hold_given_confirm=float(p_ch / p_c) if p_c > 0 else np.nan)
+            else:
+                ranked = host_score + d > kth  # [n_sim]
+                conf = confirm_stage(draws, design, g, b)
+                holds = heldout_stage(draws, design, g, b, conf)
+                row.update(_stage_probabilities(ranked, conf[:, 0], holds, n_sim))
             rows.append(row)
     return pd.DataFrame(rows)
+
+
+def rank_stage(inputs: PowerInputs, top_k: int, match_spread: bool, n_sim: int, n_draw: int | None,
+               rng) -> tuple[np.ndarray, np.ndarray]:
+    """The search stage's draws: per simulation the planted head's host score and the ``top_k``-th best score of
+    the other heads on a resample of the search items (``[n_sim]`` each; planted with shift ``d`` it ranks when
+    ``host + d > kth``)."""
+    base = np.asarray(inputs.search_base, dtype=float)  # [n_s]
+    delta = np.asarray(inputs.search_heads, dtype=float) - base[None]  # [H, n_s] per-item change in margin
+    H, n_s = delta.shape
+    real = delta.mean(axis=1)  # [H]
+    hosts = np.argsort(-real, kind="stable")[2 * top_k:]  # heads outside the real top 2k
+    if match_spread:
+        noise = float(np.mean(delta.var(axis=1, ddof=1))) / n_s  # variance of one head's mean from the items
+        spread = float(real.var(ddof=1))
+        lam = max(0.0, 1.0 - noise / spread) if spread > 0 else 1.0
+        delta = delta - ((1.0 - np.sqrt(lam)) * (real - real.mean()))[:, None]  # same order, matched spread
+    if len(hosts) == 0:
+        raise ValueError(f"no host: {H} heads, none outside the top {2 * top_k}")
+    m = n_s if n_draw is None else int(n_draw)
+    counts = rng.multinomial(m, np.full(n_s, 1.0 / n_s), size=n_sim)  # bootstrap counts [n_sim, n_s]
+    means = counts @ delta.T / m  # [n_sim, H]
+    host = hosts[rng.integers(0, len(hosts), n_sim)]  # [n_sim]
+    host_score = means[np.arange(n_sim), host]
+    means[np.arange(n_sim), host] = -np.inf  # the planted head replaces its host
+    return host_score, -np.partition(-means, top_k - 1, axis=1)[:, top_k - 1]
+
+
+def _shared_draws(rng, others: np.ndarray, heldout_others, design: Design, n_sim: int) -> dict:
+    """The confirm and held-out draws every (gain, break rate) row shares (common random numbers)."""
+    k = design.top_k
+    u_conf, u_held = rng.uniform(np.finfo(float).tiny, 1.0, (2, 2, n_sim))  # in (0, 1): ppf stays in the support
+    p_conf_tab = mcnemar_table(design.n_confirm)
+    pick = others[rng.integers(0, max(len(others), 1), (n_sim, k - 1))] if k > 1 else \
+        np.zeros((n_sim, 0, 2), int)  # [n_sim, top_k - 1, 2]
+    held_pool = np.asarray(heldout_others if heldout_others is not None else [], dtype=float)
+    held_draw = (held_pool[rng.integers(0, len(held_pool), (n_sim, k))] if len(held_pool)
+                 else np.ones((n_sim, k)))  # p-values of the other sets tested [n_sim, top_k]
+    o_p = p_conf_tab[pick[..., 0], pick[..., 1]] if k > 1 else np.zeros((n_sim, 0))
+    return {"u_conf": u_conf, "u_held": u_held, "o_f": pick[..., 0], "o_b": pick[..., 1], "o_p": o_p,
+            "held_draw": held_draw}
+
+
+def confirm_stage(draws: dict, design: Design, g: float, b: float) -> np.ndarray:
+    """The confirm stage of every simulation: the planted head's (fixes, breaks) drawn, the others' from the real
+    re-tested heads, exact McNemar, BH over the ``top_k`` and the confirm rule. ``[n_sim, top_k]``, planted first."""
+    from scipy.stats import false_discovery_control
+
+    f, br = _flips(draws["u_conf"], design.n_confirm, g, b)
+    p = np.concatenate([mcnemar_table(design.n_confirm)[f, br][:, None], draws["o_p"]], axis=1)  # [n_sim, top_k]
+    q = false_discovery_control(p, axis=1, method="bh")
+    return confirm_rule(q, np.concatenate([f[:, None], draws["o_f"]], axis=1),
+                        np.concatenate([br[:, None], draws["o_b"]], axis=1), design.fdr)
+
+
+def heldout_stage(draws: dict, design: Design, g: float, b: float, conf: np.ndarray) -> np.ndarray:
+    """The held-out stage where the planted head was confirmed: its (fixes, breaks) drawn, the other sets'
+    p-values from the real run, Holm over the confirmed heads (and all of them together) and the held-out
+    rule. ``[n_sim]`` bool."""
+    hf, hb = _flips(draws["u_held"], design.n_heldout, g, b)
+    hp = mcnemar_table(design.n_heldout)[hf, hb]
+    n_conf = conf.sum(axis=1)
+    n_sets = n_conf + (n_conf > 1)  # confirmed heads alone, and together when more than one
+    holds = np.zeros(len(hp), bool)
+    for s in np.flatnonzero(conf[:, 0]):
+        adj = holm(np.concatenate([[hp[s]], draws["held_draw"][s, :n_sets[s] - 1]]))[0]
+        holds[s] = holds_rule(adj, hf[s], hb[s], design.alpha)
+    return holds
+
+
+def _stage_probabilities(ranked, confirmed, holds, n_sim: int) -> dict:
+    p_r, p_c = ranked.mean(), confirmed.mean()
+    p_ch = (confirmed & holds).mean()
+    v_r, v_ch = p_r * (1 - p_r) / n_sim, p_ch * (1 - p_ch) / n_sim
+    return {"power": float(p_r * p_ch), "se": float(np.sqrt(p_r ** 2 * v_ch + p_ch ** 2 * v_r + v_r * v_ch)),
+            "p_rank": float(p_r), "p_confirm_given_rank": float(p_c),
+            "p_hold_given_confirm": float(p_ch / p_c) if p_c > 0 else np.nan}
 
 
 def mde_pair(n_confirm: int, fdr: float = FDR, top_k: int = CONFIRM_TOP_K, break_rates: Sequence[float] = (0.0,),

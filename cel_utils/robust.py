@@ -1,5 +1,5 @@
-"""Is it a capability? The battery a skeptical reviewer runs on a head set whose removal helps (chapter 1c,
-``cel robust``).
+"""Is it a capability? The checks a skeptical reviewer runs on a head set whose removal helps (chapter 1c,
+``cel robust``; :mod:`cel_utils.battery` runs them together and labels the set).
 
 A verdict speaks for one prompt format, one way of scoring (teacher forcing) and one ablation (zero). The
 battery asks each in turn, on items that took no part in choosing the heads:
@@ -14,19 +14,16 @@ battery asks each in turn, on items that took no part in choosing the heads:
 * :func:`label_shift`: per-class change in margin, and whether a constant label offset (fit on the confirm
   split's baseline) reproduces the gain;
 * :func:`text_nll`, :func:`other_tasks`: the cost on general English text and on the model's other tasks;
-* :func:`label`: one word for what the checks show: ``capability``, ``offset``, ``label shift``,
-  ``format-specific``, ``teacher-forcing only`` or ``costly``.
 
 Example:
-    >>> from cel_utils.robust import battery              # doctest: +SKIP
-    >>> b = battery(lm, "addition", [(13, 0)])             # doctest: +SKIP
-    >>> b.label, b.record()["sign_test"]                   # doctest: +SKIP
+    >>> from cel_utils.robust import transfer
+    >>> transfer([0.1] * 8, np.tile([1.0, 0.0], (8, 20)))["transfers"]
+    True
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -37,20 +34,13 @@ from . import cache, hooks
 from .ablation import Ablation, Head, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
-from .defaults import ALPHA, COLLATERAL_NLL, N_BOOT, TEXT_TOKENS
+from .defaults import ALPHA, N_BOOT, TEXT_TOKENS
 from .effects import class_effects, item_labels
 from .engine import evaluate
-from .errors import CELError
 from .formats import formats_of, in_format
 from .scoring import encode_task, split_prompt
-from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
+from .stats import bootstrap_mean, fixes_breaks, holm, mcnemar_exact, paired_bootstrap
 from .tasks import Task, load_task
-
-# the control task of each task: the same answer format, another computation (specificity)
-CONTROL_TASKS = {"addition": "subtraction", "subtraction": "addition", "agreement_rc": "agreement",
-                 "agreement": "agreement_rc", "comparison": "addition", "ioi": "agreement"}
-LABELS = ("capability", "offset", "label shift", "format-specific", "teacher-forcing only", "costly")
-
 
 # ------------------------------------------------------------------------------------------------------------
 # Formats
@@ -77,7 +67,7 @@ def transfer(deltas: Sequence[float], per_item: np.ndarray, need: int | None = N
     """Does a gain transfer across formats? ``deltas`` (one change per format) and ``per_item [formats, items]``.
     The exact sign test (``scipy.stats.binomtest``, one-sided: more positive formats than chance), the pooled
     change (each item's change averaged over formats) with a percentile bootstrap CI over items
-    (``scipy.stats.bootstrap``), and ``transfers``: positive in at least ``need`` formats (all but one by
+    (:func:`cel_utils.stats.bootstrap_mean`), and ``transfers``: positive in at least ``need`` formats (all but one by
     default) and the pooled CI above zero.
 
     Example:
@@ -85,18 +75,12 @@ def transfer(deltas: Sequence[float], per_item: np.ndarray, need: int | None = N
         >>> t["positive"], t["total"], round(t["p_value"], 4), t["transfers"]
         (7, 8, 0.0352, True)
     """
-    from scipy.stats import binomtest, bootstrap
+    from scipy.stats import binomtest
 
     d = np.asarray(deltas, float)
     k, n = int((d > 0).sum()), len(d)
     need = n - 1 if need is None else need
-    pooled = np.asarray(per_item, float).mean(axis=0)  # [items]
-    point = float(pooled.mean())
-    lo = hi = point
-    if np.ptp(pooled) > 0:
-        ci = bootstrap((pooled,), np.mean, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
-                       random_state=np.random.default_rng(seed)).confidence_interval
-        lo, hi = float(ci.low), float(ci.high)
+    point, lo, hi = bootstrap_mean(np.asarray(per_item, float).mean(axis=0), n_boot, seed, alpha)  # over items
     return {"positive": k, "total": n, "p_value": float(binomtest(k, n, 0.5, alternative="greater").pvalue),
             "pooled_delta": point, "pooled_ci_low": lo, "pooled_ci_high": hi, "need": need,
             "transfers": bool(k >= need and lo > 0)}
@@ -391,165 +375,3 @@ def other_tasks(lm, sets: dict[str, Sequence[Head]], tasks: Sequence[str], n: in
         tab.loc[g.index, "p_holm"] = holm(g["p_value"].to_numpy())
     tab["hurts"] = (tab["p_holm"] < ALPHA) & (tab["delta"] < 0)
     return tab
-
-
-# ------------------------------------------------------------------------------------------------------------
-# The label, and the whole battery
-# ------------------------------------------------------------------------------------------------------------
-def label(checks: dict) -> str:
-    """One word for what the checks show (a check is ``None`` when it did not run), tested in this order:
-    ``format-specific`` (the gain does not transfer across the prompt formats: the first thing a capability must
-    do), ``label shift`` (a constant label offset reproduces the gain, or one class's margins fall while the
-    other's rise), ``offset`` (zero or mean ablation helps, resample does not: removal changes a constant, not
-    what the head reads), ``teacher-forcing only`` (no gain in free generation), ``costly`` (the NLL on general
-    text rises by more than ``COLLATERAL_NLL`` or another task loses significantly), else ``capability``.
-
-    Example:
-        >>> label({"transfers": True, "zero_helps": True, "resample_helps": False})
-        'offset'
-        >>> label({"transfers": True, "zero_helps": True, "resample_helps": True, "generation_helps": True})
-        'capability'
-    """
-    if checks.get("transfers") is False:
-        return "format-specific"
-    if checks.get("label_shift"):
-        return "label shift"
-    if checks.get("zero_helps") and checks.get("resample_helps") is False:
-        return "offset"
-    if checks.get("generation_helps") is False:
-        return "teacher-forcing only"
-    if checks.get("costly"):
-        return "costly"
-    return "capability"
-
-
-@dataclass(frozen=True)
-class RobustSettings:
-    """The parameters of :func:`battery` (defaults from :mod:`cel_utils.defaults`)."""
-
-    n: int = 200                 # held-out items per check
-    split: str = "heldout"
-    start: int = 0               # the first item of the split used (chapter 1c: items no earlier choice used)
-    n_search: int = 32           # search items: head means and the best constant
-    seed: int = 0
-    n_boot: int = N_BOOT
-    constant_steps: int = 5      # 0: the best-constant ablation is not fit
-    text_tokens: int = TEXT_TOKENS  # 0: no general-text NLL
-    other_tasks: tuple = ()      # tasks on which the cost is measured
-    n_other: int = 100
-    generate: bool = True        # free generation (exact-match tasks)
-    nll_sets: tuple | None = None       # the sets whose text NLL is measured (None: all); a set not named here is
-    #                                     measured anyway when the cost decides its label (every other check passed)
-    constant_sets: tuple | None = None  # the sets for which the best constant is fit (None: all)
-    brief_sets: tuple = ()              # sets whose battery stops at the formats when their gain does not
-    #                                     transfer (the first check decides the label: format-specific)
-
-
-@dataclass
-class Battery:
-    """The checks of one head set on one task (:func:`battery`)."""
-
-    model: str
-    task: str
-    heads: str                   # the set's name (:func:`cel_utils.ablation.format_set`)
-    n: int
-    formats: pd.DataFrame
-    sign_test: dict
-    ablations: dict
-    generation: dict
-    label_shift: dict
-    collateral: dict
-    control_task: dict
-    checks: dict = field(default_factory=dict)
-    label: str = ""
-
-    def record(self) -> dict:
-        """The JSON of ``cel robust`` (one set): ``formats`` (the default first), ``sign_test``, ``ablations``,
-        ``generation`` (exact-match tasks), ``fixes_by_kind`` (addition), ``label_shift``, ``collateral``,
-        ``control_task``, ``checks`` and ``label``."""
-        from .io import json_safe
-
-        f = self.formats[self.formats["set"] == self.heads]
-        gen = self.generation.get("sets", {}).get(self.heads) if self.generation else None
-        return json_safe({
-            "model": self.model, "task": self.task, "heads": self.heads, "n": self.n,
-            "formats": [{"name": r["format"], "n": r["n"], "baseline": r["baseline"], "delta": r["delta"],
-                         "ci_low": r["ci_low"], "ci_high": r["ci_high"]} for r in f.to_dict("records")],
-            "sign_test": self.sign_test, "ablations": self.ablations,
-            "generation": None if gen is None else {
-                "baseline_accuracy": self.generation["baseline_accuracy"], **{k: v for k, v in gen.items()
-                                                                              if k != "fixes_by_kind"}},
-            "fixes_by_kind": None if gen is None else gen.get("fixes_by_kind"),
-            "label_shift": self.label_shift, "collateral": self.collateral, "control_task": self.control_task,
-            "checks": self.checks, "label": self.label})
-
-
-def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: RobustSettings | None = None,
-            **overrides) -> list[Battery]:
-    """Every check of this module for each named head set on ``task_name`` (a built-in task with formats), on
-    ``n`` items of the ``split`` from item ``start`` on; the head means and the best constant come from the
-    search split. All sets share one pass of each check, so the unablated runs (every format, free generation,
-    the other tasks) are made once. The text NLL runs for the sets in ``nll_sets`` and for every set whose label
-    the cost decides; the best constant is fit for those in ``constant_sets``; a set in ``brief_sets`` whose gain
-    does not transfer across the formats stops there (its label is decided: ``format-specific``; its other
-    checks are empty). One :class:`Battery` per set, each with its :func:`label`."""
-    s = replace(settings or RobustSettings(), **overrides)
-    full = load_task(task_name, s.split, seed=s.seed)
-    if s.start + s.n > len(full):
-        raise CELError(f"{task_name}: items {s.start}..{s.start + s.n} asked, the {s.split} split has {len(full)}")
-    task = replace(full, items=full.items[s.start:s.start + s.n])
-    search = load_task(task_name, "search", n=s.n_search, seed=s.seed, clip=True)
-    confirm = load_task(task_name, "confirm", seed=s.seed)
-    fmt, per_item = format_changes(lm, task, sets, s.n_boot, s.seed)
-    signs = {name: transfer(fmt[fmt["set"] == name]["delta"].to_numpy(), per_item[name], n_boot=s.n_boot,
-                            seed=s.seed) for name in sets}
-    brief = [n for n in sets if n in s.brief_sets and not signs[n]["transfers"]]  # labelled by the formats
-    rest = {n: h for n, h in sets.items() if n not in brief}
-    gen = generation(lm, task, rest, s.n_boot, s.seed) if s.generate and rest else {}
-    others = other_tasks(lm, rest, list(s.other_tasks), s.n_other, s.seed, s.n_boot) \
-        if s.other_tasks and rest else None
-    ctl_name = CONTROL_TASKS.get(task_name)
-    ctl = other_tasks(lm, rest, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name and rest else None
-    enc_h, enc_c = encode_task(lm, task), encode_task(lm, confirm)
-    base_h, base_c = evaluate(lm, enc_h), evaluate(lm, enc_c)
-    means = compute_head_means(lm, encode_task(lm, search).inputs) if rest else None  # [layers, heads, d_head]
-    parts = {n: (signs[n], {}, {}, {"transfers": False}) for n in brief}
-    for name, heads in rest.items():
-        heads = list(heads)
-        sign = signs[name]
-        steps = s.constant_steps if s.constant_sets is None or name in s.constant_sets else 0
-        abl = ablation_types(lm, task, search, heads, s.n_boot, s.seed, steps, means=means)
-        shift = label_shift(task, confirm, base_h, evaluate(lm, enc_h, heads), base_c, s.n_boot, s.seed)
-        g = gen.get("sets", {}).get(name) if gen else None
-        hurts = None if others is None else bool(others[others["set"] == name]["hurts"].any())
-        checks = {"transfers": sign["transfers"],
-                  "zero_helps": bool(abl["zero"]["ci_low"] > 0 or abl["mean"]["ci_low"] > 0),
-                  "mean_helps": abl["mean"]["ci_low"] > 0, "resample_helps": abl["resample"]["ci_low"] > 0,
-                  "generation_helps": None if g is None else g["ci_low"] > 0,
-                  "label_shift": None if not shift else bool(shift["offset_reproduces"] or shift["opposite_signs"]),
-                  "costly": hurts}
-        parts[name] = (sign, abl, shift, checks)
-    # the text NLL (the costliest check per set): where asked, and wherever the cost decides the label
-    decides = [n for n, p in parts.items() if label({**p[3], "costly": None}) == "capability"]
-    want = [n for n in sets if s.nll_sets is None or n in s.nll_sets or n in decides]
-    nll = text_nll(lm, {n: sets[n] for n in want}, s.text_tokens, n_boot=s.n_boot, seed=s.seed) \
-        if s.text_tokens > 0 and want else {}
-    out = []
-    for name in sets:
-        sign, abl, shift, checks = parts[name]
-        coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
-        t = nll.get("sets", {}).get(name) if nll else None
-        if t is not None:
-            coll.update(text_nll_delta=t["text_nll_delta"], text_nll_ci_low=t["ci_low"], text_nll_ci_high=t["ci_high"],
-                        text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"])
-            checks["costly"] = bool(checks["costly"] or t["text_nll_delta"] > COLLATERAL_NLL)
-        if others is not None and name not in brief:
-            coll["other_tasks"] = others[others["set"] == name].drop(columns="set").to_dict("records")
-        ctl_row = {} if ctl is None or name in brief else \
-            ctl[ctl["set"] == name].drop(columns="set").to_dict("records")[0]
-        b = Battery(model=lm.name, task=task_name, heads=name, n=len(task), formats=fmt, sign_test=sign,
-                    ablations=abl, generation=gen, label_shift=shift, collateral=coll, control_task=ctl_row,
-                    checks=checks)
-        b.label = label(checks)
-        out.append(b)
-    return out

@@ -24,9 +24,9 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from .ablation import Ablation, Head, HeadAblator, all_heads, head_name
-from .compare import compare_sets, paired_table
+from .compare import paired_table
 from .errors import CELError
-from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS,
+from .defaults import (ALPHA, FDR, MAX_TOKENS, N_BOOT, POWER, SCREEN_CHUNK_LAYERS,
                        candidate_rule, progress_enabled)
 from .io import json_safe
 from .engine import evaluate_head_sets, forward_equivalents
@@ -255,45 +255,20 @@ def plain_screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Abla
                   n_layers=lm.n_layers)
 
 
-def confirm_test(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
-                 mode: str | Ablation = "zero", means=None, n_boot: int = N_BOOT, seed: int = 0):
-    """:func:`confirm_heads` and the per-item :class:`~cel_utils.compare.Comparison` behind its table."""
-    top = sc.top(top_k, by="delta_margin")
-    heads = {name: [(int(l), int(h))] for name, l, h in zip(top["head"], top["layer"], top["head_index"])}
-    cmp = compare_sets(lm, confirm_task, heads, mode=mode, means=means, n_boot=n_boot, seed=seed)
-    d = confirm_decisions(cmp.baseline.correct[0], cmp.results.correct, fdr)
-    tab = cmp.table[["heads", "n_items", "baseline_accuracy", "accuracy", "delta_accuracy", "ci_low", "ci_high",
-                     "delta_margin"]].rename(columns={"heads": "head"})
-    for k in ("fixes", "breaks", "p_value", "q_value", "confirmed"):
-        tab[k] = d[k]
-    tab.insert(1, "search_delta_accuracy", top["delta_accuracy"].to_numpy())
-    tab.insert(1, "search_delta_margin", top["delta_margin"].to_numpy())
-    return tab, cmp
-
-
-def confirm_heads(lm, sc: Screen, confirm_task, top_k: int = CONFIRM_TOP_K, fdr: float = FDR,
-                  mode: str | Ablation = "zero", means=None, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
-    """Re-test the ``top_k`` heads of a screen (ranked by the change in mean margin on the screen's own items)
-    on fresh items: one row per head with ``delta_accuracy``, ``fixes``, ``breaks``, the exact McNemar
-    ``p_value``, ``q_value`` (Benjamini-Hochberg over the ``top_k`` heads), a paired-bootstrap CI and
-    ``confirmed`` (``q_value < fdr`` and a gain). The confirm items took no part in the ranking.
+def confirmation_power(breaks, n_items: int, k: int, fdr: float = FDR, power: float = POWER) -> dict:
+    """How large a gain the confirm test *alone* could find, for a head that has already ranked in the top ``k``
+    on the search items: the minimum detectable gain at ``power`` for one head tested at ``fdr / k`` (BH's
+    threshold for a lone discovery), breaking nothing (``min_detectable_gain``, the best case) and breaking as many
+    items as the re-tested head that breaks most (``breaks``: each re-tested head's breaks on the ``n_items``
+    confirm items; ``min_detectable_gain_worst`` at ``break_rate_worst``); ``inf`` when none is detectable. The
+    search stage is not in it: see :mod:`cel_utils.power` for the power of the whole pipeline.
 
     Example:
-        >>> sc = screen(lm, load_task("addition", "search", n=32))             # doctest: +SKIP
-        >>> confirm_heads(lm, sc, load_task("addition", "confirm", n=150))     # doctest: +SKIP
+        >>> confirmation_power([2, 5], 200, 5)["min_detectable_gain"]
+        0.0475
     """
-    return confirm_test(lm, sc, confirm_task, top_k, fdr, mode, means, n_boot, seed)[0]
-
-
-def confirmation_power(conf: pd.DataFrame, n_items: int, fdr: float = FDR, power: float = POWER) -> dict:
-    """How large a gain the confirm test *alone* could find, for a head that has already ranked in the top
-    ``len(conf)`` on the search items: the minimum detectable gain at ``power`` for one head tested at
-    ``fdr / len(conf)`` (BH's threshold for a lone discovery), breaking nothing (``min_detectable_gain``, the best
-    case) and breaking as many items as the re-tested head that breaks most (``min_detectable_gain_worst`` at
-    ``break_rate_worst``); ``inf`` when none is detectable. The search stage is not in it: see
-    :mod:`cel_utils.power` for the power of the whole pipeline."""
-    alpha = fdr / max(len(conf), 1)
-    worst = float(conf["breaks"].max()) / n_items if len(conf) else 0.0
+    alpha = fdr / max(k, 1)
+    worst = float(np.max(breaks)) / n_items if len(breaks) else 0.0
     return {"min_detectable_gain": min_detectable_gain(n_items, alpha, 0.0, power),
             "min_detectable_gain_worst": min_detectable_gain(n_items, alpha, worst, power), "alpha": alpha,
             "break_rate": 0.0, "break_rate_worst": worst, "power": power}

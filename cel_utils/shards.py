@@ -181,3 +181,32 @@ def _shard_seconds(p: dict) -> float:
     t = p.get("timing")
     s = t.get("seconds", 0) if isinstance(t, dict) else 0
     return float(s) if _is_number(s) else 0.0
+
+
+def ranked_from_screen_file(path: str, want: dict) -> list[dict]:
+    """The heads of a ``cel screen --out`` file, best first by margin, after checking that the screen was made on
+    the items a search will use (``want``: its model, task, split, seed and number of items).
+
+    Example:
+        >>> import json, tempfile, os
+        >>> f = os.path.join(tempfile.mkdtemp(), "s.json")
+        >>> _ = open(f, "w").write(json.dumps({"model": "m", "heads": [{"layer": 0, "head": 1, "delta_margin": 0.1},
+        ...                                                            {"layer": 1, "head": 0, "delta_margin": 0.3}]}))
+        >>> [(h["layer"], h["head"]) for h in ranked_from_screen_file(f, {"model": "m"})]
+        [(1, 0), (0, 1)]
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            scr = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CELError(f"cannot read screen {path}: {e}") from None
+    heads = scr.get("heads") if isinstance(scr, dict) else None
+    if not isinstance(heads, list) or not heads or not all(
+            isinstance(h, dict) and isinstance(h.get("layer"), int) and isinstance(h.get("head"), int)
+            and isinstance(h.get("delta_margin", h.get("estimated_delta_margin")), (int, float)) for h in heads):
+        raise CELError(f"{path} is not a screen: it needs a list 'heads' of layer, head and delta_margin")
+    for k, v in want.items():
+        if scr.get(k) != v:
+            raise CELError(f"{path} was screened with {k} = {scr.get(k)!r}, but this search uses {v!r}: "
+                           f"screen the search split with the same --model, --task, --seed and --n")
+    return sorted(heads, key=lambda h: -h.get("delta_margin", h.get("estimated_delta_margin", 0)))

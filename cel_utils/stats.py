@@ -182,6 +182,76 @@ def min_detectable_gain(n: int, alpha: float, break_rate: float = 0.0, power: fl
     return float(gains[0] if len(last_fail) == 0 else gains[last_fail[-1] + 1])
 
 
+def bootstrap_mean(d: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, alpha: float = ALPHA) -> tuple:
+    """Mean of per-item values ``d [n_items]`` with a percentile bootstrap CI over items
+    (``scipy.stats.bootstrap``); a constant ``d`` gives a CI of zero width. The package's one bootstrap of a mean.
+
+    Example:
+        >>> bootstrap_mean(np.array([0.0, 0.0, 1.0, 1.0]), n_boot=200)[0]
+        0.5
+    """
+    from scipy.stats import bootstrap
+
+    d = np.asarray(d, dtype=float)
+    point = float(d.mean())
+    if np.ptp(d) == 0:
+        return point, point, point
+    ci = bootstrap((d,), np.mean, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
+                   random_state=np.random.default_rng(seed)).confidence_interval
+    return point, float(ci.low), float(ci.high)
+
+
+def stratified_mean_ci(samples: list[np.ndarray], weights: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
+                       alpha: float = ALPHA) -> tuple:
+    """``sum_c weights[c] * mean(samples[c])`` with a percentile CI, each class resampled on its own
+    (``scipy.stats.bootstrap`` with one sample per class and ``paired=False``): per-class effects.
+
+    Example:
+        >>> stratified_mean_ci([np.array([0.0, 1.0]), np.array([1.0, 1.0])], np.array([0.5, 0.5]), n_boot=100)[0]
+        0.75
+    """
+    from scipy.stats import bootstrap
+
+    point = float(sum(w * s.mean() for w, s in zip(weights, samples)))
+    if all(np.ptp(s) == 0 for s in samples):  # nothing varies: the CI is the point
+        return point, point, point
+
+    def stat(*xs, axis=-1):
+        return sum(w * x.mean(axis=axis) for w, x in zip(weights, xs))
+
+    res = bootstrap(tuple(samples), stat, n_resamples=n_boot, confidence_level=1 - alpha, method="percentile",
+                    random_state=np.random.default_rng(seed), vectorized=True, paired=False)
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def confirm_rule(q, fixes, breaks, fdr: float):
+    """The confirm stage's rule: BH-adjusted ``q < fdr`` and more fixes than breaks (arrays of any shape; the
+    power simulation applies it to ``[n_sim, k]``)."""
+    return (np.asarray(q) < fdr) & (np.asarray(fixes) > np.asarray(breaks))
+
+
+def holds_rule(p_holm, fixes, breaks, alpha: float):
+    """The held-out stage's rule: Holm-adjusted ``p < alpha`` and more fixes than breaks (a gain)."""
+    return (np.asarray(p_holm) < alpha) & (np.asarray(fixes) > np.asarray(breaks))
+
+
+def heldout_decisions(base: np.ndarray, ablated: np.ndarray, alpha: float) -> dict[str, np.ndarray]:
+    """The held-out rule on items that chose nothing: per row of ``ablated [k, n_items]`` (bool, one row per set
+    tested), fixes and breaks against ``base [n_items]``, the exact McNemar p-value, Holm over the ``k`` rows
+    (family-wise) and ``holds`` (:func:`holds_rule`).
+
+    Example:
+        >>> base = np.zeros(20, bool)
+        >>> d = heldout_decisions(base, np.stack([np.arange(20) < 12, np.arange(20) < 1]), alpha=0.05)
+        >>> d["p_holm"].round(4).tolist(), d["holds"].tolist()
+        ([0.001, 1.0], [True, False])
+    """
+    f, b = fixes_breaks(base, ablated)
+    p = mcnemar_exact(f, b)
+    adj = holm(p)
+    return {"fixes": f, "breaks": b, "p_value": p, "p_holm": adj, "holds": holds_rule(adj, f, b, alpha)}
+
+
 def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict[str, np.ndarray]:
     """The confirmation rule on fresh items: per row of ``ablated [k, n_items]`` (bool, one row per head chosen
     elsewhere), fixes and breaks against ``base [n_items]``, the exact McNemar p-value, BH q-values over the
@@ -196,4 +266,4 @@ def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict
     f, b = fixes_breaks(base, ablated)
     p = mcnemar_exact(f, b)
     q = benjamini_hochberg(p)
-    return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": (q < fdr) & (f > b)}
+    return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": confirm_rule(q, f, b, fdr)}

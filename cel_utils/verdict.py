@@ -6,7 +6,7 @@
 2. **confirm**: the top ``top_k`` heads re-tested on fresh items, exact McNemar p-values, Benjamini-Hochberg
    over the ``top_k``; a head is confirmed when ``q < fdr`` and it fixes more items than it breaks;
 3. **heldout**: the confirmed heads, alone and all together, tested once more on items that took no part in
-   any choice (:func:`cel_utils.compare.heldout_test`: exact McNemar, Holm over the sets tested).
+   any choice (:func:`cel_utils.pipeline.heldout`: exact McNemar, Holm over the sets tested).
 
 The *chosen* head, fixed before the held-out test, is the confirmed head with the largest confirm gain; all
 confirmed heads together are tested beside it (single-head gains need not add up: chapter 2).
@@ -28,107 +28,125 @@ import numpy as np
 import pandas as pd
 
 from .ablation import Ablation, Head, format_heads, format_set, layer_of, parse_heads, parse_set
-from .compare import Comparison, compare_sets, heldout_test, pick_chosen
-from .defaults import (ALPHA, CONFIRM_TOP_K, FDR, N_BOOT, N_CONFIRM, N_HELDOUT, N_SEARCH, POWER, POWER_GAIN,
-                       POWER_SIMS)
+from .compare import Comparison
+from .defaults import FDR, N_BOOT, POWER, POWER_GAIN, POWER_SIMS
+from .design import Design
 from .io import json_safe
-from .models import cast
-from .scoring import encode_task
 from .joint import cross_task
-from .screening import Screen, confirm_test, confirmation_power, screen
-from .power import pipeline_power, power_sentence
+from .models import cast
+from .pipeline import Run, encoded, resolved, run
+from .power import PowerInputs, pipeline_power, power_sentence
+from .records import Pair
+from .screening import Screen, confirmation_power, screen
 from .stats import min_detectable_gain
 from .tasks import Task, load_task
 
 
 @dataclass
 class Verdict:
-    """Everything the three stages computed for one model and task (see the module docstring)."""
+    """Everything the three stages computed for one model and task (see the module docstring).
+
+    ``run``: the top ``top_k`` heads of the search screen through :func:`cel_utils.pipeline.run` (``run.sets``: one
+    row per re-tested head with its search, confirm and held-out figures, and a row for all confirmed heads
+    together); :attr:`confirm` and :attr:`heldout` are its offered rows and its rows tested on held-out items."""
 
     model: str
     task: str
     splits: dict[str, Task]            # "search", "confirm", "heldout"
     screen: Screen
     stats: pd.DataFrame                # the screen's per-head statistics and candidate rule
-    confirm: pd.DataFrame              # the top_k heads re-tested on the confirm split
-    confirm_comparison: Comparison     # per-item results behind it
+    run: Run
     power: dict                        # confirmation_power(): min_detectable_gain, alpha, break_rate
-    confirmed: list[str]
-    heldout: pd.DataFrame              # heldout_test() of the confirmed heads alone and together ([] if none)
-    heldout_comparison: Comparison | None
-    ablation: Ablation | None = None    # the ablation used (with its head means in mean mode)
-    fdr: float = FDR
     pipeline: pd.DataFrame | None = None  # power of the whole pipeline (:func:`pipeline_power_table`)
+
+    @property
+    def confirm(self) -> pd.DataFrame:
+        """The re-tested heads (``heads``, ``search_*`` and ``confirm_*`` columns, ``confirmed``), best-ranked first."""
+        return self.run.offered().reset_index(drop=True)
+
+    @property
+    def heldout(self) -> pd.DataFrame:
+        """The sets tested on held-out items (the confirmed heads, and all of them together): ``heldout_*``."""
+        return self.run.sets[self.run.sets["heldout_p_holm"].notna()].reset_index(drop=True)
+
+    @property
+    def confirmed(self) -> list[str]:
+        return self.confirm[self.confirm.confirmed.astype(bool)]["heads"].tolist()
+
+    @property
+    def confirm_comparison(self) -> Comparison:
+        return self.run.confirm_comparison
+
+    @property
+    def heldout_comparison(self) -> Comparison | None:
+        return self.run.heldout_comparison
+
+    @property
+    def fdr(self) -> float:
+        return self.run.design.fdr
 
     @property
     def chosen(self) -> str | None:
         """The head the pipeline reports, chosen before the held-out test: of the confirmed heads, the one with
         the largest gain on the confirm split (ties: the better-ranked on the search split). None if none."""
-        c = pick_chosen(self.confirm)
-        return None if c is None else str(c["head"])
+        c = self.run.chosen()
+        return None if c is None else str(c["heads"])
 
     def record(self) -> dict:
         """The JSON-ready record of this verdict: what chapter 1a writes per (model, task) and what
-        :func:`heads_to_explain` (chapter 2a) and chapter 3's bridge read back. The schema:
+        :mod:`cel_utils.records` reads back (chapters 1c, 2a, 3, 4 and 5). The schema:
 
         ``model``, ``task``, ``n_search``, ``n_confirm``, ``n_heldout``, ``n_heads_screened``;
         ``screened_heads`` (names) with their search-split ``delta_margin`` and ``delta_accuracy`` (same order);
         ``candidates`` (heads passing the candidate rule on the search items);
-        ``confirm``: one row per re-tested head (``head``, ``search_delta_margin``, ``delta_accuracy``, ``ci_low``,
-        ``ci_high``, ``fixes``, ``breaks``, ``p_value``, ``q_value``, ``confirmed``);
-        ``confirmed`` (names), ``min_detectable_gain``;
-        ``heldout``: one row per set tested (``heads``: a set name, :func:`~cel_utils.ablation.format_set`;
-        ``delta_accuracy``, ``ci_low``, ``ci_high``, ``fixes``, ``breaks``, ``p_holm``, ``holds``).
+        ``sets``: :meth:`cel_utils.pipeline.Run.record`'s rows: each re-tested head (``offered``: ``heads``,
+        ``search_delta_margin``, ``search_delta_accuracy``, ``confirm_*``, ``confirmed``; ``heldout_*`` and
+        ``holds`` for the confirmed ones) and all confirmed heads together (``offered`` false);
+        ``chosen``, ``confirmed`` (names), ``design``, ``min_detectable_gain``, the power fields of :meth:`row`
+        and ``pipeline`` (the power table).
         """
         st = self.stats
-        conf_cols = ["head", "search_delta_margin", "delta_accuracy", "ci_low", "ci_high", "fixes", "breaks",
-                     "p_value", "q_value", "confirmed"]
-        held_cols = ["heads", "delta_accuracy", "ci_low", "ci_high", "fixes", "breaks", "p_holm", "holds"]
+        rec = self.run.record()
         return json_safe({
             "model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
             "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
             "n_heads_screened": int(len(st)), "screened_heads": st["head"].tolist(),
             "candidates": st[st.candidate]["head"].tolist(), "delta_margin": st["delta_margin"].tolist(),
-            "delta_accuracy": st["delta_accuracy"].tolist(),
-            "confirm": self.confirm[conf_cols].to_dict("records"), "confirmed": list(self.confirmed),
+            "delta_accuracy": st["delta_accuracy"].tolist(), "sets": rec["sets"], "chosen": rec["chosen"],
+            "design": rec["design"], "confirmed": list(self.confirmed),
             "min_detectable_gain": self.power["min_detectable_gain"],
-            "heldout": self.heldout[held_cols].to_dict("records") if len(self.heldout) else [],
             **{k: v for k, v in self.power_summary().items() if k != "power_sentence"},
             "pipeline": self.pipeline.to_dict("records") if self.pipeline is not None else []})
 
     def row(self) -> dict:
         """One row of the verdict table."""
-        mde = self.power["min_detectable_gain"]
         pw = self.power_summary()
         base = {"model": self.model, "task": self.task, "n_search": len(self.splits["search"]),
                 "n_confirm": len(self.splits["confirm"]), "n_heldout": len(self.splits["heldout"]),
                 "baseline": float(self.confirm_comparison.baseline.accuracy[0]),
                 "search_baseline": float(self.screen.baseline.accuracy[0]), "n_heads": len(self.stats),
                 "n_candidates": int(self.stats["candidate"].sum()), "confirmed": ", ".join(self.confirmed),
-                "mde": mde, "chosen": self.chosen, "heldout_baseline": np.nan, "heldout_delta": np.nan,
-                "ci_low": np.nan, "ci_high": np.nan, "p_holm": np.nan, "holds": False, "together_delta": np.nan,
-                "together_ci_low": np.nan, "together_ci_high": np.nan, "together_holds": False, **pw}
+                "chosen": self.chosen, "heldout_baseline": np.nan, "heldout_delta": np.nan,
+                "heldout_ci_low": np.nan, "heldout_ci_high": np.nan, "heldout_p_holm": np.nan, "holds": False,
+                "together_delta": np.nan, "together_ci_low": np.nan, "together_ci_high": np.nan,
+                "together_holds": False, **pw}
         if not self.confirmed:
             base["verdict"] = "not detected: " + pw["power_sentence"]
             return base
         tab = self.heldout.set_index("heads")
         r = tab.loc[self.chosen]
-        base.update(heldout_baseline=float(r["baseline_accuracy"]), heldout_delta=float(r["delta_accuracy"]),
-                    ci_low=float(r["ci_low"]), ci_high=float(r["ci_high"]), p_holm=float(r["p_holm"]),
-                    holds=bool(r["holds"]))
-        base["verdict"] = (f"localized: removing {self.chosen} changes held-out accuracy by "
-                           f"{r['delta_accuracy']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}], Holm p = "
-                           f"{r['p_holm']:.2g}" if r["holds"] else
-                           f"confirmed ({self.chosen}) but not replicated on held-out items "
-                           f"({r['delta_accuracy']:+.3f}, Holm p = {r['p_holm']:.2g})")
+        base.update(heldout_baseline=float(r["heldout_baseline"]), heldout_delta=float(r["heldout_delta_accuracy"]),
+                    heldout_ci_low=float(r["heldout_ci_low"]), heldout_ci_high=float(r["heldout_ci_high"]),
+                    heldout_p_holm=float(r["heldout_p_holm"]), holds=bool(r["holds"]))
+        base["verdict"] = self.run.sentence(verb="confirmed")
         if len(self.confirmed) > 1:
             t = tab.loc[format_set(parse_heads(self.confirmed))]
             n_hold = int(tab.loc[self.confirmed, "holds"].sum())
-            base.update(together_delta=float(t["delta_accuracy"]), together_ci_low=float(t["ci_low"]),
-                        together_ci_high=float(t["ci_high"]), together_holds=bool(t["holds"]))
+            base.update(together_delta=float(t["heldout_delta_accuracy"]), together_ci_low=float(t["heldout_ci_low"]),
+                        together_ci_high=float(t["heldout_ci_high"]), together_holds=bool(t["holds"]))
             base["verdict"] += (f"; {n_hold} of the {len(self.confirmed)} confirmed heads hold alone, and all "
-                                f"{len(self.confirmed)} removed together change it by {t['delta_accuracy']:+.3f} "
-                                f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}]")
+                                f"{len(self.confirmed)} removed together change it by {t['heldout_delta_accuracy']:+.3f} "
+                                f"[{t['heldout_ci_low']:+.3f}, {t['heldout_ci_high']:+.3f}]")
         return base
 
     def power_summary(self) -> dict:
@@ -156,25 +174,23 @@ class Verdict:
         return out
 
 
-def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
-    """Which heads of one model chapter 2a explains, from the :meth:`Verdict.record` of each of its tasks
-    (``pairs``; it reads ``task``, ``screened_heads``, ``delta_margin``, ``confirm`` and ``heldout``): among the single heads that held on
-    held-out items, first each task's one with the largest confirm-split gain (the head chapter 1a chose), then
-    the others by confirm gain (held-out results only filter, they never rank); when none held anywhere, each task's head with the largest search-split margin
-    gain, marked ``exploratory``. Each pick carries a same-layer ``control`` head whose removal changed the
+def heads_to_explain(pairs: Sequence[Pair], k: int = 2) -> list[dict]:
+    """Which heads of one model chapter 2a explains, from chapter 1a's verdicts of its tasks
+    (:class:`cel_utils.records.Pair`): among the single heads that held on held-out items, first each task's one
+    with the largest confirm-split gain (the head chapter 1a chose), then the others by confirm gain (held-out
+    results only filter, they never rank); when none held anywhere, each task's head with the largest search-split
+    margin gain, marked ``exploratory``. Each pick carries a same-layer ``control`` head whose removal changed the
     search margin least.
 
     Example:
-        >>> p = [{"task": "t", "screened_heads": ["L0H0", "L0H1"], "delta_margin": [0.5, 0.01],
-        ...       "heldout": [{"heads": "L0H0", "holds": True, "delta_accuracy": 0.1}]}]
-        >>> heads_to_explain(p)
+        >>> p = Pair({"task": "t", "screened_heads": ["L0H0", "L0H1"], "delta_margin": [0.5, 0.01],
+        ...           "sets": [{"heads": "L0H0", "offered": True, "holds": True, "confirm_delta_accuracy": 0.1,
+        ...                     "heldout_p_holm": 0.01}]})
+        >>> heads_to_explain([p])
         [{'task': 't', 'head': 'L0H0', 'status': 'confirmed', 'control': 'L0H1'}]
     """
-    def confirm_gain(p, head):
-        return next((r["delta_accuracy"] for r in p.get("confirm", []) if r["head"] == head), 0.0)
-
-    held = [(confirm_gain(p, row["heads"]), p["task"], row["heads"]) for p in pairs for row in p.get("heldout", [])
-            if row.get("holds") and len(parse_set(row["heads"])) == 1]
+    held = [(p.confirm_gain(r["heads"]), p.task, r["heads"]) for p in pairs for r in p.heldout_rows().to_dict("records")
+            if r.get("holds") and len(parse_set(r["heads"])) == 1]
     picks: list[tuple[str, str, str]] = []
     if held:
         best = {}
@@ -183,51 +199,46 @@ def heads_to_explain(pairs: Sequence[dict], k: int = 2) -> list[dict]:
         picks = list(best.values())
         picks += [(t, h, "confirmed") for _, t, h in sorted(held, reverse=True) if (t, h, "confirmed") not in picks]
     else:
-        for p in pairs:
-            dm = np.asarray(p["delta_margin"], float)
-            picks.append((p["task"], p["screened_heads"][int(np.argmax(dm))], "exploratory"))
+        picks = [(p.task, p.screened_heads[int(np.argmax(p.delta_margin))], "exploratory") for p in pairs]
     out = []
     for task, head, status in picks[:k]:
-        p = next(q for q in pairs if q["task"] == task)
-        same = [(abs(v), h) for h, v in zip(p["screened_heads"], p["delta_margin"])
-                if layer_of(h) == layer_of(head) and h != head]
+        p = next(q for q in pairs if q.task == task)
+        same = [(abs(v), h) for h, v in zip(p.screened_heads, p.delta_margin) if layer_of(h) == layer_of(head)
+                and h != head]
         out.append({"task": task, "head": head, "status": status, "control": min(same)[1] if same else None})
     return out
 
 
 @dataclass(frozen=True)
-class VerdictSettings:
-    """The parameters of :func:`single_head_verdict` (defaults from :mod:`cel_utils.defaults`)."""
+class VerdictSettings(Design):
+    """The parameters of :func:`single_head_verdict` (the shared ones from :class:`~cel_utils.design.Design`)."""
 
-    n_search: int = N_SEARCH      # items per split (clipped to what a split holds)
-    n_confirm: int = N_CONFIRM
-    n_heldout: int = N_HELDOUT
-    top_k: int = CONFIRM_TOP_K    # heads re-tested on the confirm split
-    fdr: float = FDR
-    seed: int = 0
-    mode: str | Ablation = "zero"
-    n_boot: int = N_BOOT
     power: float = POWER
     power_sims: int = POWER_SIMS  # simulations of the whole pipeline (0: not computed)
     rank_dtype: str = "float32"   # the search screen's dtype (it only ranks: confirm and held-out stay float32)
 
 
-def pipeline_power_table(sc: Screen, conf: pd.DataFrame, conf_cmp: Comparison, held: pd.DataFrame, n_heldout: int,
-                         mde: float, s: VerdictSettings) -> pd.DataFrame:
-    """:func:`cel_utils.power.pipeline_power` around this pair's own screen: a head planted in the real search
-    screen (margins of every head on the search items), the real re-tested heads' confirm (fixes, breaks), the
-    real held-out p-values, the confirm split's unablated margins to turn a gain into a margin shift; at
+def power_inputs(sc: Screen, r: Run) -> PowerInputs:
+    """What :func:`cel_utils.power.pipeline_power` plants a head into, from a verdict's screen and run: the search
+    screen's margins, the confirm split's unablated margins, the re-tested heads' confirm (fixes, breaks) and the
+    real held-out p-values."""
+    conf = r.offered()
+    held = r.sets["heldout_p_value"].dropna()
+    return PowerInputs(sc.baseline.margin[0], sc.results.margin, r.confirm_comparison.baseline.margin[0],
+                       confirm_others=list(zip(conf["confirm_fixes"].astype(int), conf["confirm_breaks"].astype(int))),
+                       heldout_others=held.tolist() if len(held) else None)
+
+
+def pipeline_power_table(sc: Screen, r: Run, n_heldout: int, mde: float, s: VerdictSettings) -> pd.DataFrame:
+    """:func:`cel_utils.power.pipeline_power` around this pair's own screen and run (:func:`power_inputs`), at
     ``POWER_GAIN`` and at the confirm test's best-case MDE, breaking nothing and breaking as much as the worst
-    re-tested head. ``match_spread`` (the estimate that tracked a direct simulation, ``tests/test_power.py``)."""
-    n = len(conf_cmp.baseline.correct[0])
-    b_max = float(conf["breaks"].max()) / n if len(conf) else 0.0
+    re-tested head; ``match_spread`` (the estimate that tracked a direct simulation, ``tests/test_power.py``)."""
+    conf = r.offered()
+    n = r.n_confirm
+    b_max = float(conf["confirm_breaks"].max()) / n if len(conf) else 0.0
     gains = [POWER_GAIN] + ([round(mde, 4)] if np.isfinite(mde) and not np.isclose(mde, POWER_GAIN) else [])
-    return pipeline_power(sc.baseline.margin[0], sc.results.margin, conf_cmp.baseline.margin[0], n_confirm=n,
-                          n_heldout=n_heldout, top_k=len(conf), fdr=s.fdr, alpha=ALPHA, gains=gains,
-                          break_rates=sorted({0.0, b_max}),
-                          confirm_others=list(zip(conf["fixes"].astype(int), conf["breaks"].astype(int))),
-                          heldout_others=held["p_value"].tolist() if len(held) else None, match_spread=True,
-                          n_sim=s.power_sims, seed=s.seed)
+    d = r.design.with_(n_confirm=n, n_heldout=n_heldout, top_k=len(conf), seed=s.seed)
+    return pipeline_power(power_inputs(sc, r), d, gains, sorted({0.0, b_max}), match_spread=True, n_sim=s.power_sims)
 
 
 def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[Head] = "all",
@@ -236,6 +247,8 @@ def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[H
 
     ``settings`` (a :class:`VerdictSettings`) and keyword ``overrides`` of its fields (e.g. ``top_k=10``) set the
     pipeline's parameters. Mean ablation takes its head means from the search split and uses them on every split.
+    The search screen ranks every head (in ``rank_dtype``); its top ``top_k`` go through
+    :func:`cel_utils.pipeline.run` with the verdict's held-out family (the confirmed heads alone and together).
     """
     s = replace(settings or VerdictSettings(), **overrides)
     if isinstance(task, dict):
@@ -245,27 +258,22 @@ def single_head_verdict(lm, task: str | dict[str, Task], heads: str | Sequence[H
                   "confirm": load_task(task, "confirm", n=s.n_confirm, seed=s.seed, clip=True),
                   "heldout": load_task(task, "heldout", n=s.n_heldout, seed=s.seed, clip=True)}
     head_list = parse_heads(heads, lm.n_layers, lm.n_heads) if isinstance(heads, str) else list(heads)
-    ablation = Ablation.of(s.mode)
-    if ablation.mode == "mean":
-        ablation = ablation.resolved(lm, encode_task(lm, splits["search"]).inputs)
-    ranker = cast(lm, s.rank_dtype)
-    sc = screen(ranker, splits["search"], heads=head_list, mode=ablation)
+    encs = encoded(lm, splits)
+    d = resolved(s.design(), lm, encs["search"])
+    sc = screen(cast(lm, s.rank_dtype), splits["search"], heads=head_list, mode=d.mode)
     st = sc.stats(n_boot=s.n_boot, seed=s.seed, fdr=s.fdr)
-    conf, conf_cmp = confirm_test(lm, sc, splits["confirm"], top_k=s.top_k, fdr=s.fdr, mode=ablation,
-                                  n_boot=s.n_boot, seed=s.seed)
-    pw = confirmation_power(conf, len(splits["confirm"]), s.fdr, s.power)
-    confirmed = conf[conf.confirmed]["head"].tolist()
-    held, cmp = pd.DataFrame(), None
-    if confirmed:
-        sets = {h: parse_heads(h) for h in confirmed}
-        if len(confirmed) > 1:
-            sets[format_set(parse_heads(confirmed))] = parse_heads(confirmed)
-        held, cmp = heldout_test(lm, splits["heldout"], sets, mode=ablation, n_boot=s.n_boot, seed=s.seed)
-    pipeline = (pipeline_power_table(sc, conf, conf_cmp, held, len(splits["heldout"]), pw["min_detectable_gain"], s)
+    top = sc.top(s.top_k, by="delta_margin")
+    offer = {name: [(int(l), int(h))] for name, l, h in zip(top["head"], top["layer"], top["head_index"])}
+    search = pd.DataFrame({"heads": top["head"], "search_delta_margin": top["delta_margin"].to_numpy(),
+                           "search_delta_accuracy": top["delta_accuracy"].to_numpy()})
+    r = run(lm, encs, offer, d, "confirmed", search=search, selector="top-k screen")
+    r.task = splits["search"].name
+    conf = r.offered()
+    pw = confirmation_power(conf["confirm_breaks"].to_numpy(), len(splits["confirm"]), len(conf), s.fdr, s.power)
+    pipeline = (pipeline_power_table(sc, r, len(splits["heldout"]), pw["min_detectable_gain"], s)
                 if s.power_sims > 0 else None)
-    return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, confirm=conf,
-                   confirm_comparison=conf_cmp, power=pw, confirmed=confirmed, heldout=held, heldout_comparison=cmp,
-                   ablation=ablation, fdr=s.fdr, pipeline=pipeline)
+    return Verdict(model=lm.name, task=splits["search"].name, splits=splits, screen=sc, stats=st, run=r, power=pw,
+                   pipeline=pipeline)
 
 
 def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str, Task], n_items: int | None = None,
@@ -346,25 +354,6 @@ def _first(task: Task, n: int | None) -> Task:
     return task if n is None or n >= len(task) else replace(task, items=task.items[:n])
 
 
-def zero_vs_mean(lm, verdict: Verdict, n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
-    """Each confirmed head's change in held-out accuracy under zero and under mean ablation (head means from the
-    search prompts), with CIs: both on items that took no part in ranking or confirming the head."""
-    cols = ["model", "task", "head", "zero_delta", "zero_ci_low", "zero_ci_high", "mean_delta", "mean_ci_low",
-            "mean_ci_high"]
-    if not verdict.confirmed:
-        return pd.DataFrame(columns=cols)
-    sets = {h: parse_heads(h) for h in verdict.confirmed}
-    search = encode_task(lm, verdict.splits["search"])
-    means = Ablation.of("mean").resolved(lm, search.inputs)
-    tabs = {mode: compare_sets(lm, verdict.splits["heldout"], sets, mode=abl, n_boot=n_boot, seed=seed)
-            .table.set_index("heads") for mode, abl in (("zero", "zero"), ("mean", means))}
-    rows = [{"model": verdict.model, "task": verdict.task, "head": h,
-             **{f"{mode}_{k}": float(tabs[mode].loc[h, c]) for mode in tabs
-                for k, c in (("delta", "delta_accuracy"), ("ci_low", "ci_low"), ("ci_high", "ci_high"))}}
-            for h in verdict.confirmed]
-    return pd.DataFrame(rows, columns=cols)
-
-
 def verdict_table(verdicts: Sequence[Verdict], cost: pd.DataFrame | None = None) -> pd.DataFrame:
     """The verdict rows of several (model, task) pairs as one table; with ``cost`` (from
     :func:`cost_on_other_tasks`) each chosen set's worst change on the model's *other* tasks is added."""
@@ -412,32 +401,25 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
     b = js.best
     mde = min_detectable_gain(js.n_confirm, fdr / max(len(b), 1), float(np.median(b["confirm_breaks"])) / js.n_confirm,
                               power)
-    c = js.chosen()
+    r = js.run.row()
     row = {"model": js.model, "task": js.task, "pool": format_heads(js.pool), "n_search": js.n_search,
            "n_confirm": js.n_confirm, "n_heldout": js.n_heldout, "baseline": float(b["heldout_baseline"].iloc[0]),
-           "chosen": None, "confirm_delta": np.nan, "heldout_delta": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-           "p_holm": np.nan, "holds": False, "pool_percentile": js.pool_percentile(), "mde": mde,
-           "random_pools": len(js.pool_control), "pools_better": np.nan,
+           "chosen": r["chosen"], "confirm_delta": r["confirm_delta"], "heldout_delta": r["heldout_delta"],
+           "heldout_ci_low": r["ci_low"], "heldout_ci_high": r["ci_high"], "heldout_p_holm": r["p_holm"],
+           "holds": r["holds"], "pool_percentile": js.pool_percentile(), "mde": mde,
+           "random_pools": len(js.pool_control), "pools_better": r["control_better"],
            "worst_cost_task": None, "cost_delta": np.nan, "cost_ci_low": np.nan, "cost_ci_high": np.nan}
-    if c is None:
+    if r["chosen"] is None:
         row["verdict"] = ("not detected: no best-by-search set was confirmed; one with a gain >= "
                           f"{mde:.3f} would have been with {power:.0%} power" if np.isfinite(mde) else
                           "not detected: the confirm items could not detect any gain")
         return row
-    row.update(chosen=c["heads"], confirm_delta=float(c["confirm_delta_accuracy"]),
-               heldout_delta=float(c["heldout_delta_accuracy"]), ci_low=float(c["ci_low"]), ci_high=float(c["ci_high"]),
-               p_holm=float(c["p_holm"]), holds=bool(c["holds"]))
-    row.update(worst_cost(cost, c["heads"], js.task))
+    row.update(worst_cost(cost, r["chosen"], js.task))
     gains = js.pool_control["heldout_delta_accuracy"].to_numpy()
-    better = int((gains > c["heldout_delta_accuracy"] + 1e-12).sum())
-    row.update(random_pools=len(gains), pools_better=better)
-    pools = (f"{better} of {len(gains)} random pools put through the same pipeline chose a set with a larger "
-             f"held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool that "
-             "confirms nothing counts as 0)" if len(gains) else "no random pool was run")
-    row["verdict"] = (f"localized: removing {c['heads']} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
-                      f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], Holm p = {c['p_holm']:.2g}; {pools}" if c["holds"]
-                      else f"chosen ({c['heads']}) but not replicated on held-out items "
-                      f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['p_holm']:.2g}); {pools}")
+    pools = (f"{r['control_better']} of {len(gains)} random pools put through the same pipeline chose a set with a "
+             f"larger held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
+             "that confirms nothing counts as 0)" if len(gains) else "no random pool was run")
+    row["verdict"] = f"{js.run.sentence()}; {pools}"
     return row
 
 
@@ -457,12 +439,9 @@ def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: i
     rows = []
     for k in top_ks:
         for m in n_draws:
-            t = pipeline_power(v.screen.baseline.margin[0], v.screen.results.margin,
-                               v.confirm_comparison.baseline.margin[0], n_confirm=n_c, n_heldout=n_h, top_k=k,
-                               fdr=v.fdr, alpha=ALPHA, gains=[POWER_GAIN], break_rates=[b_max],
-                               confirm_others=list(zip(v.confirm["fixes"].astype(int), v.confirm["breaks"].astype(int))),
-                               heldout_others=v.heldout["p_value"].tolist() if len(v.heldout) else None,
-                               match_spread=True, n_sim=n_sim, seed=0, n_draw=m).iloc[0]
+            d = v.run.design.with_(n_confirm=n_c, n_heldout=n_h, top_k=k, seed=0)
+            t = pipeline_power(power_inputs(v.screen, v.run), d, [POWER_GAIN], [b_max], match_spread=True,
+                               n_sim=n_sim, n_draw=m).iloc[0]
             rows.append({"model": v.model, "task": v.task, "n_search": m, "top_k": k, "power": t["power"],
                          "p_rank": t["p_rank"], "cpu_minutes": (v.screen.seconds * m / n_s + conf_secs * k / k0) / 60,
                          "extrapolated": m > n_s, "this_run": m == n_s and k == k0})

@@ -125,3 +125,28 @@ def built(staged):
 
     root, _ = staged
     return book.build(root)
+
+
+def planted_splits(items, name="planted"):
+    """The three splits of planted items (cel_utils.tiny.harm_items), as multiple-choice tasks."""
+    from cel_utils.tasks import SPLITS, Task
+
+    return {s: Task(name, "mc", [dict(it) for it in items if it["split"] == s], split=s) for s in SPLITS}
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A tiny Llama whose two heads PAIR_HEADS each do nothing alone and together turn every item wrong."""
+    from cel_utils.tiny import harm_items, pair_heads_model
+
+    items = harm_items()
+    return pair_heads_model(items), planted_splits(items)
+
+
+@pytest.fixture(scope="module")
+def harmful():
+    """A tiny Llama with one head (HARMFUL_HEAD) whose removal turns every item right."""
+    from cel_utils.tiny import harm_items, harmful_head_model
+
+    items = harm_items()
+    return harmful_head_model(items), planted_splits(items)

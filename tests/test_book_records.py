@@ -29,10 +29,10 @@ def test_mechanism_chapter_records(staged):
     assert len(rec["heads"]) == len(rec["models"]) * CI_PARAMETERS["02a_mechanism"]["heads_per_model"]
     for h in rec["heads"]:
         pair = next(p for p in land["pairs"] if p["model"] == h["model"] and p["task"] == h["task"])
-        model_held = [r["heads"] for p in land["pairs"] if p["model"] == h["model"] for r in p["heldout"]
+        model_held = [r["heads"] for p in land["pairs"] if p["model"] == h["model"] for r in _heldout(p)
                       if r["holds"] and "+" not in r["heads"]]
         if h["status"] == "confirmed":
-            assert any(r["heads"] == h["head"] and r["holds"] for r in pair["heldout"])
+            assert any(r["heads"] == h["head"] and r["holds"] for r in _heldout(pair))
         else:
             assert h["status"] == "exploratory" and not model_held
         assert h["head"] in pair["screened_heads"] and h["control"] in pair["screened_heads"]
@@ -92,44 +92,58 @@ def test_findings_page_states_every_verdict(staged):
     assert f"escape slope {t['early_check'][0]['predicted']:.1f} predicted" in prose
 
 
+def _confirm(rec):
+    """A pipeline record's re-tested (offered) sets, in the order offered."""
+    return [s for s in rec["sets"] if s["offered"]]
+
+
+def _heldout(rec):
+    """A pipeline record's sets tested on held-out items."""
+    return [s for s in rec["sets"] if s["heldout_p_holm"] is not None]
+
+
 def _check_confirm(rows, fdr):
     """q-values and the confirmed flag recomputed from fixes and breaks (scipy's exact binomial test and BH)."""
     assert rows, "nothing was re-tested"
-    q = bh_q([mcnemar_p(c["fixes"], c["breaks"]) for c in rows])
+    q = bh_q([mcnemar_p(c["confirm_fixes"], c["confirm_breaks"]) for c in rows])
     for c, qi in zip(rows, q):
-        assert c["q_value"] == pytest.approx(qi, rel=1e-9, abs=1e-12)
-        assert c["confirmed"] == bool(qi < fdr and c["fixes"] > c["breaks"])
+        assert c["confirm_q_value"] == pytest.approx(qi, rel=1e-9, abs=1e-12)
+        assert c["confirmed"] == bool(qi < fdr and c["confirm_fixes"] > c["confirm_breaks"])
 
 
 def _check_holm(rows):
     """Holm-adjusted p-values recomputed by hand from the exact tests; holds = adjusted p < 0.05 and a gain."""
-    adj = holm_p([mcnemar_p(h["fixes"], h["breaks"]) for h in rows])
+    adj = holm_p([mcnemar_p(h["heldout_fixes"], h["heldout_breaks"]) for h in rows])
     for h, a in zip(rows, adj):
-        assert h["p_holm"] == pytest.approx(a, rel=1e-9, abs=1e-12)
-        assert h["holds"] == bool(a < 0.05 and h["fixes"] > h["breaks"])
+        assert h["heldout_p_holm"] == pytest.approx(a, rel=1e-9, abs=1e-12)
+        assert h["holds"] == bool(a < 0.05 and h["heldout_fixes"] > h["heldout_breaks"])
 
 
 def test_chapter1_records(staged):
     r = record(staged, "01_screening")
     assert r["n_heads_screened"] == 270 and r["n_search"] == 8 and r["n_confirm"] == 10 and r["n_heldout"] == 8
-    assert len(r["top_heads"]) == 3 and [c["head"] for c in r["confirm"]] == [t["head"] for t in r["top_heads"]]
-    _check_confirm(r["confirm"], r["fdr"])
-    assert r["confirmed"] == [c["head"] for c in r["confirm"] if c["confirmed"]]
+    assert r["parameters"]["top_k"] == 3 and r["selector"] == "top-k screen" and r["design"]["top_k"] == 3
+    conf = _confirm(r)
+    assert len(conf) == 3
+    _check_confirm(conf, r["parameters"]["fdr"])
+    assert r["confirmed"] == [c["heads"] for c in conf if c["confirmed"]]
     assert r["min_detectable_gain"] is None or r["min_detectable_gain"] > 0.3  # 10 items: only huge gains (None: none)
     assert r["pipeline_power"] is None or 0 <= r["pipeline_power"] <= 1
-    shown = r["confirmed"] or [t["head"] for t in r["top_heads"]]
-    assert [h["heads"] for h in r["heldout"]][:len(shown)] == shown
-    assert len(r["heldout"]) == len(shown) + (len(shown) > 1)  # each head, and all of them together
-    for h in r["heldout"]:
-        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
-    _check_holm(r["heldout"])
-    assert r["heldout_survivors"] == [h["heads"] for h in r["heldout"] if h["holds"]]
+    held = _heldout(r) if r["confirmed"] else r["exploratory_heldout"]
+    shown = r["confirmed"] or [c["heads"] for c in conf]
+    assert [h["heads"] for h in held][:len(shown)] == shown
+    assert len(held) == len(shown) + (len(shown) > 1)  # each head, and all of them together
+    if r["confirmed"]:
+        for h in held:
+            assert h["heldout_ci_low"] - 1e-9 <= h["heldout_delta_accuracy"] <= h["heldout_ci_high"] + 1e-9
+        _check_holm(held)
+        assert r["heldout_survivors"] == [h["heads"] for h in held if h["holds"]]
     finding = next(l for l in _markdown_outputs(staged, "01_screening").splitlines() if "What this chapter finds" in l)
     assert (f"{r['n_candidates']} of {r['n_heads_screened']} heads pass the candidate rule on {r['n_search']} search "
-            f"items; {len(r['confirmed'])} of the top {len(r['confirm'])} are confirmed on {r['n_confirm']}") in finding
+            f"items; {len(r['confirmed'])} of the top {len(conf)} are confirmed on {r['n_confirm']}") in finding
     assert r["n_candidates"] == len(r["candidates"]) <= r["n_heads_screened"]
     # margins are ranked: the first top head has the largest change in margin
-    m = [t["search_delta_margin"] for t in r["top_heads"]]
+    m = [c["search_delta_margin"] for c in conf]
     assert m == sorted(m, reverse=True)
 
 
@@ -150,24 +164,25 @@ def test_landscape_records(staged):
     for p in r["pairs"]:
         assert p["n_heads_screened"] == len(p["screened_heads"]) == (18 if p["model"] == "smollm2-135m" else 8)
         assert set(p["candidates"]) <= set(p["screened_heads"])
-        assert len(p["confirm"]) == 2 and {c["head"] for c in p["confirm"]} <= set(p["screened_heads"])
-        m = [c["search_delta_margin"] for c in p["confirm"]]
+        conf, held = _confirm(p), _heldout(p)
+        assert len(conf) == 2 and {c["heads"] for c in conf} <= set(p["screened_heads"])
+        m = [c["search_delta_margin"] for c in conf]
         assert m == sorted(m, reverse=True)                      # re-tested: the top heads by search margin
-        _check_confirm(p["confirm"], r["fdr"])
-        assert p["confirmed"] == [c["head"] for c in p["confirm"] if c["confirmed"]]
-        tested = [h["heads"] for h in p["heldout"]]
+        _check_confirm(conf, r["parameters"]["fdr"])
+        assert p["confirmed"] == [c["heads"] for c in conf if c["confirmed"]]
+        tested = [h["heads"] for h in held]
         assert tested == (p["confirmed"] + (["+".join(p["confirmed"])] if len(p["confirmed"]) > 1 else []))
-        if p["heldout"]:
-            _check_holm(p["heldout"])
+        if held:
+            _check_holm(held)
         v = verdicts[p["model"], p["task"]]
         line = next(l for l in prose.splitlines() if f"**{p['model']} / {p['task']}**" in l)
         assert f"accuracy {v['baseline']:.3f} on {p['n_confirm']} confirm items" in line
         if p["confirmed"]:
-            gain = {c["head"]: c["delta_accuracy"] for c in p["confirm"] if c["confirmed"]}
-            assert v["chosen"] == max(p["confirmed"], key=lambda h: gain[h])   # the largest confirm gain
-            chosen = next(h for h in p["heldout"] if h["heads"] == v["chosen"])
-            assert v["heldout_delta"] == pytest.approx(chosen["delta_accuracy"]) and v["holds"] == chosen["holds"]
-            assert f"{chosen['delta_accuracy']:+.3f}" in line
+            gain = {c["heads"]: c["confirm_delta_accuracy"] for c in conf if c["confirmed"]}
+            assert v["chosen"] == p["chosen"] == max(p["confirmed"], key=lambda h: gain[h])   # the largest confirm gain
+            chosen = next(h for h in held if h["heads"] == v["chosen"])
+            assert v["heldout_delta"] == pytest.approx(chosen["heldout_delta_accuracy"]) and v["holds"] == chosen["holds"]
+            assert f"{chosen['heldout_delta_accuracy']:+.3f}" in line
         else:
             assert v["chosen"] is None and "not detected: a single head with gain 0.10" in line
             # "not detected" is the power of the whole pipeline, never the confirm test's MDE alone
@@ -205,18 +220,18 @@ def test_joint_search_records(staged):
     prose = _markdown_outputs(staged, "02_joint_search")
     for p, v in zip(r["pairs"], r["verdict"]):
         assert len(p["pool"]) == 3 and p["n_subsets"] == 8 and len(p["explorer"]["subsets"]) == 8
-        assert [b["size"] for b in p["best"]] == [1, 2]
-        for b in p["best"]:
-            assert b["ci_low"] - 1e-9 <= b["heldout_delta_accuracy"] <= b["ci_high"] + 1e-9
+        assert [b["size"] for b in p["sets"]] == [1, 2] and p["selector"] == "pool search"
+        for b in p["sets"]:
+            assert b["heldout_ci_low"] - 1e-9 <= b["heldout_delta_accuracy"] <= b["heldout_ci_high"] + 1e-9
             assert set(b["heads"].split("+")) <= set(p["pool"])
-        _check_holm(p["best"])   # Holm over the best set of each size, recomputed from fixes and breaks
+        _check_holm(p["sets"])   # Holm over the best set of each size, recomputed from fixes and breaks
         assert p["n_evaluations"]["exhaustive"] == 1 + 3 + 3 and p["n_evaluations"]["greedy"] <= 7
-        ok = [b for b in p["best"] if b["confirmed"]]
+        ok = [b for b in p["sets"] if b["confirmed"]]
         assert p["chosen"] == (max(ok, key=lambda b: b["confirm_delta_accuracy"])["heads"] if ok else None)
-        assert len(p["pool_control"]) == 2 and 0 <= p["pool_percentile"] <= 100
+        assert len(p["control"]) == 2 and 0 <= p["control_percentile"] <= 100
         line = next(l for l in prose.splitlines() if f"**{p['model']} / {p['task']}**" in l)
         if p["chosen"]:
-            b = next(b for b in p["best"] if b["heads"] == p["chosen"])
+            b = next(b for b in p["sets"] if b["heads"] == p["chosen"])
             assert f"{b['heldout_delta_accuracy']:+.3f}" in line and v["holds"] == b["holds"]
         else:
             assert "not detected" in line
@@ -225,8 +240,9 @@ def test_joint_search_records(staged):
     assert {c["set"] for c in r["cross_task"]} == chosen
     assert {c["task"] for c in r["cross_task"]} == {"addition", "agreement_rc", "sentiment"}
     # beyond the pool: all six selectors, every k, for every task; areas inside their CIs; the prose from the numbers
-    from cel_utils.gates import SELECTORS
+    from cel_utils.selectors import compared
 
+    SELECTORS = [s.label for s in compared()]
     sel = r["selectors"]
     for task in ("addition", "agreement_rc"):
         rows = [t for t in sel["table"] if t["task"] == task]
@@ -243,7 +259,10 @@ def test_joint_search_records(staged):
         assert n_runs == 2 and len(gates["gates"]["gates"]["loss_curve"]) == 2 * n_runs  # 2 steps per run in CI
         assert len(gates["gates"]["sets"]) == 2
         # the section ran on the model cast to selector_dtype, and the record says which
-        assert gs["eval_dtype"] is None and r["selector_dtype"] == "bfloat16"
+        assert gs["dtype"] is None and r["parameters"]["selector_dtype"] == "bfloat16"
+        # every selector went through the pipeline; its choice sits among the random selector's (the control)
+        for s in summary:
+            assert s["chosen"] is None or 0 <= s["control_percentile"] <= 100
         g = next(s for s in summary if s["selector"] == "learned gates")
         line = next(l for l in prose.splitlines() if l.startswith(f"**smollm2-135m / {task}**: the learned gates"))
         assert f"{g['area']:+.3f} [{g['area_ci_low']:+.3f}, {g['area_ci_high']:+.3f}]" in line
@@ -328,7 +347,7 @@ def test_joint_search_chapter_in_mean_mode(tiny_folder, tmp_path):
     r = json.loads((tmp_path / "02_joint_search.record.json").read_text())
     assert [p["task"] for p in r["pairs"]] == ["agreement", "sentiment"]
     for p in r["pairs"]:
-        assert p["n_subsets"] == 8 and [b["size"] for b in p["best"]] == [1, 2]
+        assert p["n_subsets"] == 8 and [b["size"] for b in p["sets"]] == [1, 2]
 
 
 def test_cel_verdict_reproduces_chapter_1a(staged, tmp_path):
@@ -345,7 +364,8 @@ def test_cel_verdict_reproduces_chapter_1a(staged, tmp_path):
     got = json.loads(out.read_text())["row"]
     want = next(v for v in record(staged, "01a_landscape")["verdict"]
                 if (v["model"], v["task"]) == ("smollm2-135m", "addition"))
-    for k in ("baseline", "confirmed", "chosen", "heldout_delta", "ci_low", "ci_high", "p_holm", "holds", "mde",
+    for k in ("baseline", "confirmed", "chosen", "heldout_delta", "heldout_ci_low", "heldout_ci_high",
+              "heldout_p_holm", "holds", "mde",
               "mde_worst", "pipeline_power", "pipeline_power_best", "verdict"):
         assert got[k] == (pytest.approx(want[k], nan_ok=True) if isinstance(want[k], float) else want[k]), k
 
@@ -354,18 +374,18 @@ def test_capability_records(staged):
     """Chapter 1c: every battery has the eight formats (the default first), the four ablation types, a label
     from the list, and ran on held-out items after the ones chapter 1a graded; each tested set is a localized
     verdict's chosen head, set, control or confirmed head, or (nothing localized) an exploratory head."""
-    from cel_utils.robust import LABELS
+    from cel_utils.battery import LABELS
 
     GATES_ROLE = "learned gates' set (chapter 2)"
 
     r, land = record(staged, "01c_capability"), record(staged, "01a_landscape")
     assert r["batteries"] and len(r["labels"]) == len(r["batteries"])
     for it in r["items"]:
-        assert it["start"] == land["n_heldout"] and 1 <= it["n"] <= CI_PARAMETERS["01c_capability"]["n_items"]
+        assert it["start"] == land["parameters"]["n_heldout"] and 1 <= it["n"] <= CI_PARAMETERS["01c_capability"]["n_items"]
     localized = {(v["model"], v["task"]): v["chosen"] for v in land["verdict"] if v["holds"]}
     assert r["exploratory"] == (not localized)
     per_pair = pd.Series([(b["model"], b["task"]) for b in r["batteries"] if b["role"] == "confirmed head"]).value_counts()
-    assert (per_pair <= r["other_confirmed"]).all()
+    assert (per_pair <= r["parameters"]["other_confirmed"]).all()
     for b in r["batteries"]:
         assert [f["name"] for f in b["formats"]][0] == "default" and len(b["formats"]) == 8
         assert b["label"] in LABELS
@@ -379,9 +399,9 @@ def test_capability_records(staged):
             assert localized[b["model"], b["task"]] == b["heads"]
         if b["role"] == "confirmed head":  # at most other_confirmed per pair, largest confirm gain first
             pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (b["model"], b["task"]))
-            gain = {c["head"]: c["delta_accuracy"] for c in pair["confirm"]}
+            gain = {c["heads"]: c["confirm_delta_accuracy"] for c in _confirm(pair)}
             rest = sorted((h for h in pair["confirmed"] if h != localized[b["model"], b["task"]]), key=lambda h: -gain[h])
-            assert b["heads"] in rest[:r["other_confirmed"]]
+            assert b["heads"] in rest[:r["parameters"]["other_confirmed"]]
         assert ("constant" in b["ablations"]) == (b["role"] in ("chosen head", "exploratory"))
         if b["role"] in ("confirmed head", GATES_ROLE) and b["sign_test"]["transfers"]:
             assert not stopped and b["control_task"]
@@ -400,5 +420,5 @@ def test_capability_records(staged):
     names = pd.DataFrame([(b["model"], b["task"], b["heads"]) for b in r["batteries"]], columns=["model", "task", "heads"])
     for (m, t), g in names.groupby(["model", "task"]):
         pair = next(p for p in land["pairs"] if (p["model"], p["task"]) == (m, t))
-        if (m, t) in localized and r["other_confirmed"] >= len(pair["confirmed"]) - 1:
+        if (m, t) in localized and r["parameters"]["other_confirmed"] >= len(pair["confirmed"]) - 1:
             assert set(pair["confirmed"]) <= set(g["heads"]), (m, t)  # every confirmed head has a label of its own

@@ -43,36 +43,41 @@ def test_markdown_table_rows_keep_their_maths_in_one_cell(name):
         assert all(cell.replace("\\$", "").count("$") % 2 == 0 for cell in cells), row
 
 
-def _picks(land, joint):
+def _picks(land, joint, tmp_path):
     """Chapter 1c's cell that picks the head sets for the battery, run on the given records (no model)."""
     import numpy as np
     import pandas as pd
 
     from cel_utils.ablation import format_set, parse_set
     from cel_utils.formats import FORMATS
+    from cel_utils.records import Records
 
     (src,) = [c for c in _code_cells("01c_capability") if "picks = []" in c]
-    ns = {"land": land, "joint": joint, "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
+    for name, r in (("01a_landscape", land), ("02_joint_search", joint)):
+        (tmp_path / f"{name}.record.json").write_text(json.dumps(r))
+    ns = {"rec": Records(tmp_path), "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
           "FORMATS": FORMATS, "other_confirmed": 10, "display": lambda *a, **k: None,
           "tables": type("T", (), {"table": staticmethod(lambda *a, **k: None)})}
     exec(compile(src, "01c_capability picks", "exec"), ns)
     return [tuple(p) for p in ns["picks"]]
 
 
-def test_capability_chapter_picks_the_learned_gates_set():
+def test_capability_chapter_picks_the_learned_gates_set(tmp_path):
     """Chapter 1c puts the set chapter 2's learned gates chose through the battery, as its own role, unless it
     is already there as the chosen head or chapter 2's chosen set."""
     pair = {"model": "m", "task": "addition", "screened_heads": ["L1H1", "L2H2", "L3H3", "L4H4"],
             "delta_margin": [0.4, 0.3, 0.2, 0.1], "confirmed": ["L1H1", "L2H2"],
-            "confirm": [{"head": "L1H1", "delta_accuracy": 0.1}, {"head": "L2H2", "delta_accuracy": 0.05}]}
+            "delta_accuracy": [0.0] * 4,
+            "sets": [{"heads": "L1H1", "offered": True, "confirm_delta_accuracy": 0.1},
+                     {"heads": "L2H2", "offered": True, "confirm_delta_accuracy": 0.05}]}
     land = {"verdict": [{"model": "m", "task": "addition", "holds": True, "chosen": "L1H1"}], "pairs": [pair]}
     joint = {"pairs": [{"model": "m", "task": "addition", "chosen": "L1H1+L2H2"}],
              "selectors": {"pairs": [{"model": "m", "task": "addition", "gates": {"chosen": "L1H1+L4H4"}}]}}
-    roles = {role: heads for _, _, role, heads in _picks(land, joint)}
+    roles = {role: heads for _, _, role, heads in _picks(land, joint, tmp_path)}
     assert roles["learned gates' set (chapter 2)"] == "L1H1+L4H4"
     assert roles["chosen set (chapter 2)"] == "L1H1+L2H2" and roles["chosen head"] == "L1H1"
     for same in ("L1H1", "L1H1+L2H2", None):   # already tested under another role, or nothing chosen
         joint["selectors"]["pairs"][0]["gates"]["chosen"] = same
-        assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint)}
+        assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}
     del joint["selectors"]   # a chapter-2 record from before the section
-    assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint)}
+    assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}

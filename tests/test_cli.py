@@ -135,7 +135,7 @@ def test_builtin_model_package_missing(monkeypatch, capsys):
 
 def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
     """An interrupted write leaves no truncated JSON: the old file stays, no temp file remains."""
-    from cel_utils import cli
+    from cel_utils import io
 
     out = tmp_path / "r.json"
     out.write_text('{"old": true}\n')
@@ -143,9 +143,9 @@ def test_out_file_is_atomic(tiny_dir, tmp_path, capsys, monkeypatch):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli.os, "replace", boom)  # interrupted after writing the temp file
+    monkeypatch.setattr(io.os, "replace", boom)  # interrupted after writing the temp file
     with pytest.raises(KeyboardInterrupt):
-        cli.write_json_atomic(out, {"new": 1})
+        io.write_json_atomic(out, {"new": 1})
     assert json.loads(out.read_text()) == {"old": True} and not list(tmp_path.glob(".*.tmp"))
 
 
@@ -266,14 +266,14 @@ def test_screen_confirm_contract(harm, tmp_path, capsys):
     evals = [_eval_head(model, task, "confirm", 12, h["head"], tmp_path) for h in c["heads"]]
     ps, qs = _mcnemar_from_evals(evals, 12)
     for h, ev, p, q in zip(c["heads"], evals, ps, qs):
-        assert h["delta_accuracy"] == pytest.approx(ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"])
-        assert (h["fixes"], h["breaks"]) == (round(ev["ablated"]["accuracy"] * 12), 0)
-        assert h["p_value"] == pytest.approx(p, rel=1e-9) and h["q_value"] == pytest.approx(q, rel=1e-9)
-        assert h["ci_low"] - 1e-9 <= h["delta_accuracy"] <= h["ci_high"] + 1e-9
+        assert h["confirm_delta_accuracy"] == pytest.approx(ev["ablated"]["accuracy"] - ev["baseline"]["accuracy"])
+        assert (h["confirm_fixes"], h["confirm_breaks"]) == (round(ev["ablated"]["accuracy"] * 12), 0)
+        assert h["confirm_p_value"] == pytest.approx(p, rel=1e-9) and h["confirm_q_value"] == pytest.approx(q, rel=1e-9)
+        assert h["confirm_ci_low"] - 1e-9 <= h["confirm_delta_accuracy"] <= h["confirm_ci_high"] + 1e-9
     # by hand: 12 fixes, no breaks: p = 2 / 2^12; BH over 3 heads, the other two at p = 1
-    assert c["heads"][0]["p_value"] == pytest.approx(2 / 2 ** 12)
-    assert c["heads"][0]["q_value"] == pytest.approx(6 / 2 ** 12)
-    assert [h["q_value"] for h in c["heads"][1:]] == [1.0, 1.0]
+    assert c["heads"][0]["confirm_p_value"] == pytest.approx(2 / 2 ** 12)
+    assert c["heads"][0]["confirm_q_value"] == pytest.approx(6 / 2 ** 12)
+    assert [h["confirm_q_value"] for h in c["heads"][1:]] == [1.0, 1.0]
     assert c["min_detectable_gain"] > 0
 
 

@@ -8,12 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import bootstrap
 
-from cel_utils.compare import compare_sets, heldout_test, paired_table
-from cel_utils.models import load_model
+from cel_utils.compare import compare_sets, paired_table
 from cel_utils.scoring import ItemResults, encode_task, plain_evaluate
 from cel_utils.tasks import Task
-from cel_utils.tiny import HARMFUL_HEAD, harm_items
-from tests.oracles import holm_p, mcnemar_p
 
 
 def _scipy_bootstrap(base, ablated, alpha, n_resamples=20000):
@@ -96,53 +93,3 @@ def test_compare_sets_against_separate_plain_loop_runs(tiny_llama):
     # the sets differ from each other and from the baseline, so a row given to the wrong label shows
     dm = [runs[k].margin.mean() - base.margin.mean() for k in sets]
     assert min(abs(a - b) for i, a in enumerate(dm) for b in dm[i + 1:]) > 1e-3 and min(map(abs, dm)) > 1e-3
-
-
-def _harm_task(split, flip=False):
-    """The planted model's items of one split; ``flip``: every answer the other choice."""
-    items = [dict(it) for it in harm_items() if it["split"] == split]
-    for it in items:
-        it["answer"] = 1 - it["answer"] if flip else it["answer"]
-    return Task(name=f"harm_{split}", kind="mc", items=items, split=split, seed=0, description="",
-                metric="accuracy")
-
-
-QUIET = (0, 0)   # a near-silent head of the planted model: removing it changes no answer
-
-
-@pytest.mark.parametrize("split,flip,sets", [
-    # every item wrong with all heads on: the planted head fixes all 20; with the quiet head too, the same
-    ("search", False, {"harm": [HARMFUL_HEAD], "quiet": [QUIET], "both": [HARMFUL_HEAD, QUIET]}),
-    # the answers flipped: the planted head breaks all 20, a significant loss, which never holds
-    ("search", True, {"harm": [HARMFUL_HEAD], "quiet": [QUIET]}),
-    # held-out items, every fourth answer flipped: 15 fixes, 5 breaks, p = 0.041 below 0.05 alone, above
-    # 0.05 after Holm over two sets
-    ("heldout", False, {"harm": [HARMFUL_HEAD], "quiet": [QUIET]}),
-    ("heldout", False, {"harm": [HARMFUL_HEAD]}),
-])
-def test_heldout_test_against_hand_counts_and_the_oracles(harmful_folder, monkeypatch, split, flip, sets):
-    """Fixes and breaks counted by hand from a separate plain run per set; p-values from the exact McNemar
-    oracle, Holm from the Holm oracle, holds = p_holm < alpha and a gain."""
-    monkeypatch.setenv("CEL_NO_CACHE", "1")
-    lm = load_model(harmful_folder[0])
-    task = _harm_task(split, flip)
-    tab, cmp = heldout_test(lm, task, sets)
-    enc = encode_task(lm, task)
-    base = plain_evaluate(lm, enc).correct[0]
-    fixes, breaks = [], []
-    for heads in sets.values():
-        a = plain_evaluate(lm, enc, heads).correct[0]
-        fixes.append(sum(1 for x, y in zip(base, a) if not x and y))
-        breaks.append(sum(1 for x, y in zip(base, a) if x and not y))
-    p = [mcnemar_p(f, b) for f, b in zip(fixes, breaks)]
-    p_holm = holm_p(p)
-    assert tab["heads"].tolist() == list(sets) == cmp.names
-    assert tab["fixes"].tolist() == fixes and tab["breaks"].tolist() == breaks
-    assert tab["delta_accuracy"].to_numpy() == pytest.approx((np.array(fixes) - np.array(breaks)) / len(task))
-    assert tab["p_value"].to_numpy() == pytest.approx(p, rel=1e-9)
-    assert tab["p_holm"].to_numpy() == pytest.approx(p_holm, rel=1e-9)
-    want = [bool(q < 0.05 and f > b) for q, f, b in zip(p_holm, fixes, breaks)]
-    assert tab["holds"].tolist() == want
-    # the planted head did what the case says (so that each case tests what its comment claims)
-    f, b = fixes[0], breaks[0]
-    assert (f, b) == {("search", False): (20, 0), ("search", True): (0, 20), ("heldout", False): (15, 5)}[split, flip]

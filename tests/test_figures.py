@@ -43,8 +43,8 @@ def _js(sizes, inter=None):
     rows = []
     for k in sizes:
         rows.append({"size": k, "heads": ",".join(f"L0H{h}" for h in range(k)), "search_delta_accuracy": 0.05 * k,
-                     "confirm_delta_accuracy": 0.04 * k, "heldout_delta_accuracy": 0.03 * k, "ci_low": 0.01 * k,
-                     "ci_high": 0.05 * k, "heldout_baseline": 0.7, "heldout_delta_margin": 0.8 + 0.3 * k,
+                     "confirm_delta_accuracy": 0.04 * k, "heldout_delta_accuracy": 0.03 * k,
+                     "heldout_ci_low": 0.01 * k, "heldout_ci_high": 0.05 * k, "heldout_baseline": 0.7, "heldout_delta_margin": 0.8 + 0.3 * k,
                      "interaction": 0.0 if k == 1 else inter[0], "interaction_ci_low": 0.0 if k == 1 else inter[1],
                      "interaction_ci_high": 0.0 if k == 1 else inter[2]})
     strategies = pd.DataFrame({"strategy": ["greedy"] * len(sizes), "size": sizes,
@@ -173,7 +173,7 @@ def test_selector_curves_one_panel_per_pair_whole_number_ticks_and_ci_bands():
     """Chapter 2's "beyond the pool" figure: one panel per (model, task), one line per selector with its CI as a
     closed band around the line, a legend entry per selector (not per panel), whole-number ticks for k."""
     rows = [{"model": m, "task": t, "selector": s, "k": k, "heads": f"{s}{k}", "heldout_delta_accuracy": 0.01 * k,
-             "ci_low": 0.01 * k - 0.02, "ci_high": 0.01 * k + 0.03}
+             "heldout_ci_low": 0.01 * k - 0.02, "heldout_ci_high": 0.01 * k + 0.03}
             for m, t in (("a", "x"), ("b", "y")) for s in ("pool search", "learned gates") for k in (1, 2, 3)]
     fig = joint_plots.selector_curves(pd.DataFrame(rows))
     assert [a.text for a in fig.layout.annotations][:2] == ["a · x", "b · y"]

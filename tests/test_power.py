@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from cel_utils.power import mcnemar_table, pipeline_power, shift_for_gain
+from cel_utils.design import Design
+from cel_utils.power import PowerInputs, mcnemar_table, shift_for_gain
+from cel_utils.power import pipeline_power as _pipeline_power
 from cel_utils.screening import Screen
 from cel_utils.scoring import ItemResults
 from cel_utils.stats import confirm_decisions, fixes_breaks, holm, mcnemar_exact, mcnemar_power
@@ -84,6 +86,14 @@ def _realisation(rng, n_s=N_S):
     return dict(search_base=base, search_heads=base + delta, calib_margins=bc, n_confirm=N_C, n_heldout=N_H,
                 top_k=K, fdr=FDR, alpha=ALPHA, confirm_others=list(zip(d["fixes"], d["breaks"])),
                 heldout_others=held)
+
+
+def pipeline_power(search_base, search_heads, calib_margins, *, n_confirm, n_heldout, confirm_others, top_k=K,
+                   fdr=FDR, alpha=ALPHA, heldout_others=None, seed=0, **rest):
+    """The library's pipeline_power with this file's keyword arguments: the run's inputs and its Design."""
+    inputs = PowerInputs(search_base, search_heads, calib_margins, confirm_others, heldout_others)
+    return _pipeline_power(inputs, Design(n_confirm=n_confirm, n_heldout=n_heldout, top_k=top_k, fdr=fdr,
+                                          alpha=alpha, seed=seed), **rest)
 
 
 GAINS = (0.04, 0.08)  # low and high power in this world

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from cel_utils import formats, hooks, robust
+from cel_utils import battery, formats, hooks, robust
 from cel_utils.formats import Format
 from cel_utils.scoring import ItemResults
 
@@ -112,7 +112,7 @@ def planted_task(tmp_path, monkeypatch):
 
 
 def _battery(lm, path):
-    return robust.battery(lm, path, {"L1H2": [PLANTED]}, n=6, n_search=6, text_tokens=0, generate=False,
+    return battery.battery(lm, path, {"L1H2": [PLANTED]}, n=6, n_search=6, text_tokens=0, generate=False,
                           constant_steps=0, n_boot=200)[0]
 
 
@@ -147,8 +147,8 @@ def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, monkeyp
     lm = _planted_model(prompts, constant=True, transfer=True)
     sets = {"L0H1": [(0, 1)], "L1H2": [PLANTED]}  # the planted head second
     kw = dict(n=6, n_search=6, text_tokens=0, generate=False, constant_steps=0, n_boot=200)
-    brief, full = robust.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
-    alone = robust.battery(lm, path, {"L1H2": sets["L1H2"]}, **kw)[0]
+    brief, full = battery.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
+    alone = battery.battery(lm, path, {"L1H2": sets["L1H2"]}, **kw)[0]
     assert full.record() == alone.record() and alone.label == "offset"
     assert not brief.sign_test["transfers"] and brief.label == "format-specific"
     assert brief.ablations == {} and brief.control_task == {} and brief.label_shift == {}
@@ -169,10 +169,10 @@ def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_
     lm = _planted_model(prompts, constant=True, transfer=True)
     sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
     kw = dict(n=6, n_search=6, text_tokens=64, generate=False, constant_steps=0, n_boot=200)
-    lazy = {b.heads: b for b in robust.battery(lm, path, sets, nll_sets=(), **kw)}
+    lazy = {b.heads: b for b in battery.battery(lm, path, sets, nll_sets=(), **kw)}
     assert lazy["L0H1"].label == "format-specific" and lazy["L0H1"].collateral["text_tokens"] == 0
     assert lazy["L1H2"].label in ("capability", "costly") and lazy["L1H2"].collateral["text_tokens"] > 0
-    asked = {b.heads: b for b in robust.battery(lm, path, sets, nll_sets=("L0H1",), **kw)}
+    asked = {b.heads: b for b in battery.battery(lm, path, sets, nll_sets=("L0H1",), **kw)}
     assert asked["L0H1"].collateral["text_tokens"] > 0 and asked["L0H1"].label == "format-specific"
 
 
@@ -196,7 +196,7 @@ def test_a_label_shift_is_called_a_label_shift():
     r = lambda m: ItemResults(correct=(m > 0)[None], margin=m[None])  # noqa: E731
     shift = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * s), r(m_conf), n_boot=300)
     assert shift["gain"] > 0.2 and shift["opposite_signs"] and shift["offset_reproduces"]
-    assert robust.label({"transfers": True, "label_shift": True, "zero_helps": True, "resample_helps": True}) == \
+    assert battery.label({"transfers": True, "label_shift": True, "zero_helps": True, "resample_helps": True}) == \
         "label shift"
     capable = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * np.abs(s) * (s > 0) + 0.8 * (s < 0)),
                                  r(m_conf), n_boot=300)
@@ -300,7 +300,7 @@ def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
     c = d["collateral"]
     assert c["text_tokens"] >= 100 and isinstance(c["text_nll_delta"], float)
     assert [t["task"] for t in c["other_tasks"]] == ["agreement"]
-    assert d["label"] in robust.LABELS
+    assert d["label"] in battery.LABELS
     for bad, msg in [(["--heads", "all"], "head set"), (["--split", "search"], "chose nothing"),
                      (["--text-tokens", "-1"], "at least 0"), (["--task", "capitals"], "no prompt formats")]:
         capsys.readouterr()

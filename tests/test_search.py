@@ -196,7 +196,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
     lm = tiny_llama
     s, c, h = (load_task("ioi", split, n=n) for split, n in (("search", 16), ("confirm", 40), ("heldout", 40)))
     pool = parse_heads("L0H0,L1H3,L2H2,L2H3", lm.n_layers, lm.n_heads)  # three confirmed sets (see the end)
-    js = joint_search(lm, s, c, h, pool, max_size=3, random_sets=7, random_pools=2, n_explore=12, fdr=1.01,
+    js = joint_search(lm, s, c, h, pool, max_k=3, random_sets=7, random_pools=2, n_explore=12, fdr=1.01,
                       progress=False, n_boot=300)
     t = js.subsets
     assert len(t) == 16 and t["size"].tolist() == sorted(t["size"]) and t["mask"].iloc[0] == 0
@@ -239,7 +239,7 @@ def test_joint_search_on_tiny_model(tiny_llama):
                 want = (r.margin[1 + j] - r.margin[0]) - sum(dm[pool.index(x)] for x in hs)
                 assert b["interaction"].iloc[j] == pytest.approx(want.mean(), abs=1e-4)
                 assert b["interaction_ci_low"].iloc[j] <= b["interaction"].iloc[j] + 1e-9
-    assert b["p_holm"].to_numpy() == pytest.approx(holm_p(ps["heldout"]))
+    assert b["heldout_p_holm"].to_numpy() == pytest.approx(holm_p(ps["heldout"]))
     assert b["interaction"].iloc[0] == pytest.approx(0.0, abs=1e-6)   # one head: nothing to interact with
     # the choice uses the confirm split only: of the three confirmed sets (gains checked above against direct
     # evaluations), the one with the largest confirm gain, the middle size: not the first or last confirmed,
@@ -259,26 +259,25 @@ def test_joint_search_on_tiny_model(tiny_llama):
 def test_random_pool_control_grades_each_pools_choice_on_heldout(tiny_llama):
     """The selection-aware control: each random pool's choice (made on confirm items) and its held-out gain equal
     a direct evaluation of that set on the held-out items (engine, cache off); a pool that chooses nothing scores 0."""
-    from dataclasses import replace
-
-    from cel_utils.ablation import Ablation, parse_heads, parse_set
+    from cel_utils.ablation import parse_heads, parse_set
     from cel_utils.engine import evaluate_head_sets
-    from cel_utils.joint import JointSettings, random_pool_control
+    from cel_utils.joint import joint_search
     from cel_utils.scoring import encode_task
     from cel_utils.tasks import load_task
 
     lm = tiny_llama
-    encs = {split: encode_task(lm, load_task("ioi", split, n=n)) for split, n in
-            (("search", 16), ("confirm", 40), ("heldout", 40))}
-    s = replace(JointSettings(), max_size=2, random_pools=4, fdr=1.01, progress=False, n_boot=200)
-    pc = random_pool_control(lm, encs, 3, s, Ablation.of("zero"))
+    splits = [load_task("ioi", split, n=n) for split, n in (("search", 16), ("confirm", 40), ("heldout", 40))]
+    js = joint_search(lm, *splits, [(0, 0), (1, 3), (2, 2)], max_k=2, random_pools=4, random_sets=1, fdr=1.01,
+                      progress=False, n_boot=200)
+    pc = js.pool_control
     assert len(pc) == 4 and pc["chosen"].notna().any()
+    enc = encode_task(lm, splits[2])
     for r in pc.itertuples():
         if r.chosen is None:
             assert r.heldout_delta_accuracy == 0.0
             continue
         assert set(parse_set(r.chosen)) <= set(parse_heads(r.pool))
-        d = evaluate_head_sets(lm, encs["heldout"], [[], parse_set(r.chosen)], progress=False, result_cache=False)
+        d = evaluate_head_sets(lm, enc, [[], parse_set(r.chosen)], progress=False, result_cache=False)
         assert r.heldout_delta_accuracy == pytest.approx(d.accuracy[1] - d.accuracy[0])
 
 
@@ -320,15 +319,19 @@ def test_joint_choice_never_reads_the_heldout_split():
     """The chosen set is the confirmed set with the largest confirm gain, whatever the held-out figures say."""
     import pandas as pd
 
+    from cel_utils.design import Design
     from cel_utils.joint import JointSearch
+    from cel_utils.pipeline import Run
 
-    best = pd.DataFrame({"heads": ["A", "A,B", "A,B,C"], "size": [1, 2, 3], "confirmed": [True, True, False],
-                         "confirm_delta_accuracy": [0.10, 0.05, 0.30], "heldout_delta_accuracy": [0.0, 0.2, 0.4]})
+    best = pd.DataFrame({"heads": ["A", "A,B", "A,B,C"], "size": [1, 2, 3], "offered": True,
+                         "confirmed": [True, True, False], "confirm_delta_accuracy": [0.10, 0.05, 0.30],
+                         "heldout_delta_accuracy": [0.0, 0.2, 0.4]})
     pc = pd.DataFrame({"heldout_delta_accuracy": [-0.1, 0.0, 0.1]})
-    js = JointSearch(model="m", task="t", pool=[], subsets=pd.DataFrame(), strategies=pd.DataFrame(), best=best,
-                     random_control=pd.DataFrame(), pool_control=pc, seconds_per_evaluation=0.0, n_search=1,
-                     n_confirm=1, n_heldout=1, n_explore=1)
+    run = Run(model="m", task="t", selector="pool search", design=Design(), sets=best, confirm_comparison=None,
+              heldout_comparison=None, control=pc)
+    js = JointSearch(run=run, pool=[], subsets=pd.DataFrame(), strategies=pd.DataFrame(),
+                     random_control=pd.DataFrame(), seconds_per_evaluation=0.0, n_explore=1)
     assert js.chosen()["heads"] == "A" and js.chosen_gain() == 0.0
     assert js.pool_percentile() == 50.0                  # 0.0 ties the middle random pool
-    none = JointSearch(**{**js.__dict__, "best": best.assign(confirmed=False)})
-    assert none.chosen() is None and none.chosen_gain() == 0.0
+    run.sets = best.assign(confirmed=False)
+    assert js.chosen() is None and js.chosen_gain() == 0.0

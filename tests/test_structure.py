@@ -7,10 +7,11 @@ import cel_utils
 
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
-ORDER = ["errors", "defaults", "io", "hooks", "cache", "models", "tiny", "tasks", "formats", "ablation", "scoring", "engine",
-         "stats", "power", "compare", "screening", "approximate", "search", "joint", "gates", "effects", "robust", "verdict", "mechanism",
-         "attention", "explanation", "theory", "dynamics", "checks", "exercises", "tables", "plots", "joint_plots",
-         "theory_plots", "widgets", "shards", "cluster", "book", "cli"]
+ORDER = ["errors", "defaults", "design", "io", "records", "hooks", "cache", "models", "tiny", "tasks", "formats", "ablation",
+         "scoring", "engine", "stats", "search", "power", "compare", "pipeline", "screening", "approximate", "joint",
+         "gates", "selectors", "comparison", "effects", "robust", "battery", "verdict", "mechanism", "attention", "explanation",
+         "theory", "dynamics", "checks", "exercises", "tables", "plots", "joint_plots", "theory_plots", "widgets",
+         "shards", "cluster", "book", "cli_common", "cli_screen", "cli"]
 
 
 def _imports(path: Path) -> list[tuple[str, list[str]]]:
@@ -93,3 +94,90 @@ def test_bibliography_names_are_plain_text():
     bib = (PKG.parent / "book" / "references.bib").read_text(encoding="utf-8")
     authors = re.findall(r"author\s*=\s*\{(.*)\},?\s*$", bib, flags=re.M)
     assert authors and not [a for a in authors if "\\" in a]
+
+
+# ---- size budgets: one concept per module, short functions, small signatures ---------------------------------
+MODULE_LINES, FUNCTION_LINES, PARAMETERS = 500, 60, 10
+# what may exceed a budget, by name, with the reason (empty: nothing does)
+LONG_MODULES: dict[str, str] = {}
+LONG_FUNCTIONS: dict[str, str] = {}
+MANY_PARAMETERS: dict[str, str] = {}
+
+
+def budget_violations(path: Path) -> list[str]:
+    """Every budget a module breaks: its lines, and each function's lines (docstring included) and parameters."""
+    src = path.read_text()
+    out = []
+    if src.count("\n") > MODULE_LINES and path.stem not in LONG_MODULES:
+        out.append(f"{path.stem} has {src.count(chr(10))} lines (budget {MODULE_LINES})")
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{path.stem}:{node.name}"
+            a = node.args
+            n_params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+            n_lines = node.end_lineno - node.lineno + 1
+            if n_lines > FUNCTION_LINES and name not in LONG_FUNCTIONS:
+                out.append(f"{name} is {n_lines} lines (budget {FUNCTION_LINES})")
+            if n_params > PARAMETERS and name not in MANY_PARAMETERS:
+                out.append(f"{name} takes {n_params} parameters (budget {PARAMETERS})")
+    return out
+
+
+def test_every_module_keeps_the_size_budgets():
+    assert [v for name in ORDER for v in budget_violations(PKG / f"{name}.py")] == []
+
+
+def test_the_budget_checker_sees_a_long_module_a_long_function_and_a_long_signature(tmp_path):
+    f = tmp_path / "m.py"
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    f.write_text(f"def wide(a, b, c, d, e, f, g, h, i, j, k):\n    pass\n\n\ndef long():\n{body}\n"
+                 + "\n" * (500 - 66) + "X = 1\n")
+    assert f.read_text().count("\n") == 501
+    assert budget_violations(f) == ["m has 501 lines (budget 500)", "m:wide takes 11 parameters (budget 10)",
+                                    "m:long is 62 lines (budget 60)"]
+    f.write_text("def ok(a, b, c, d, e, f, g, h, i, j):\n    pass\n")
+    assert budget_violations(f) == []
+
+
+def _calls(path: Path):
+    """(called name, first argument if a constant, imported names) of every call and import in a module."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            owner = fn.value.value if isinstance(fn, ast.Attribute) and isinstance(fn.value, ast.Constant) else None
+            yield name, owner
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("scipy"):
+            for a in node.names:
+                yield f"import {a.name}", None
+
+
+def seams(path: Path) -> list[str]:
+    """What a module does that belongs to one other module: registering a hook (hooks.py), joining a head set's
+    name (ablation.format_set) or bootstrapping (stats.py)."""
+    out = []
+    for name, owner in _calls(path):
+        if name.startswith("register_") and name.endswith("hook") and path.stem != "hooks":
+            out.append(f"{path.stem} registers a hook ({name})")
+        if name == "join" and owner == "+" and path.stem != "ablation":
+            out.append(f"{path.stem} joins a head set's name by hand (use ablation.format_set)")
+        if name in ("bootstrap", "import bootstrap") and path.stem != "stats":
+            out.append(f"{path.stem} bootstraps by itself (use cel_utils.stats)")
+    return out
+
+
+def test_hooks_names_and_bootstraps_each_live_in_one_module():
+    assert [v for name in ORDER for v in seams(PKG / f"{name}.py")] == []
+
+
+def test_the_seam_checker_sees_each_violation(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from scipy.stats import bootstrap\n"
+                 "def f(lm, heads):\n"
+                 "    lm.out_proj(0).register_forward_pre_hook(print)\n"
+                 "    return '+'.join(heads), bootstrap((heads,), len)\n")
+    assert seams(f) == ["m bootstraps by itself (use cel_utils.stats)",
+                        "m registers a hook (register_forward_pre_hook)",
+                        "m joins a head set's name by hand (use ablation.format_set)",
+                        "m bootstraps by itself (use cel_utils.stats)"]

@@ -33,7 +33,7 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     b = plain_evaluate(lm, enc_s)
     d_margin = [plain_evaluate(lm, enc_s, [h]).margin.mean() - b.margin.mean() for h in heads]
     top = [heads[i] for i in np.argsort(-np.asarray(d_margin), kind="stable")[:top_k]]
-    assert v.confirm["head"].tolist() == [head_name(h) for h in top]
+    assert v.confirm["heads"].tolist() == [head_name(h) for h in top]
     # stage 2 by hand: exact McNemar on the confirm split, BH over the top_k
     enc_c = encode_task(lm, splits["confirm"])
     bc = plain_evaluate(lm, enc_c).correct[0]
@@ -44,7 +44,7 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     q = bh_q([mcnemar_p(f, k) for f, k in fb])
     confirmed = [head_name(h) for h, (f, k), qq in zip(top, fb, q) if qq < fdr and f > k]
     assert v.confirmed == confirmed
-    np.testing.assert_allclose(v.confirm["q_value"], q, rtol=1e-9)
+    np.testing.assert_allclose(v.confirm["confirm_q_value"], q, rtol=1e-9)
     assert len(confirmed) >= 2
     # stage 3 by hand: each confirmed head and all together on the held-out split, Holm over the sets
     enc_h = encode_task(lm, splits["heldout"])
@@ -56,14 +56,14 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     for s in sets:
         a = plain_evaluate(lm, enc_h, s).correct[0]
         p.append(mcnemar_p((~bh & a).sum(), (bh & ~a).sum()))
-    np.testing.assert_allclose(v.heldout["p_holm"], holm_p(p), rtol=1e-9)
+    np.testing.assert_allclose(v.heldout["heldout_p_holm"], holm_p(p), rtol=1e-9)
     row = v.row()
     gains = {head_name(h): (f - k) / len(splits["confirm"]) for h, (f, k) in zip(top, fb)}
     best = max(confirmed, key=lambda h: gains[h])  # the confirmed head with the largest confirm gain
     assert row["chosen"] == best
-    assert row["p_holm"] == pytest.approx(holm_p(p)[confirmed.index(best)])
+    assert row["heldout_p_holm"] == pytest.approx(holm_p(p)[confirmed.index(best)])
     assert row["together_delta"] == pytest.approx(
-        v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "delta_accuracy"])
+        v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "heldout_delta_accuracy"])
 
 
 def test_verdict_table_and_text(tiny_llama, splits):
@@ -77,7 +77,7 @@ def test_verdict_table_and_text(tiny_llama, splits):
     assert tab["pipeline_power"].iloc[0] == 0 and "ruled out" not in text
     assert f"{tab['mde'].iloc[0]:.3f} with 80% power at best" in text and tab["mde_worst"].iloc[0] >= tab["mde"].iloc[0]
     assert f"accuracy {tab['baseline'].iloc[0]:.3f} on 60 confirm items" in verdict_markdown(tab)
-    assert tab["baseline"].iloc[0] == v.confirm["baseline_accuracy"].iloc[0]
+    assert tab["baseline"].iloc[0] == v.confirm["confirm_baseline"].iloc[0]
 
 
 def test_cel_verdict_matches_the_library_and_refuses_bad_input(harmful_folder, tmp_path, capsys):
@@ -104,7 +104,7 @@ def test_cel_verdict_matches_the_library_and_refuses_bad_input(harmful_folder, t
     lm = load_model(folder, cache=False)
     splits = {s: load_task(task, s, n=20, clip=True) for s in SPLITS}
     row = single_head_verdict(lm, splits, top_k=3, power_sims=300).row()
-    for k in ("chosen", "heldout_delta", "ci_low", "ci_high", "p_holm", "mde", "mde_worst", "pipeline_power",
+    for k in ("chosen", "heldout_delta", "heldout_ci_low", "heldout_ci_high", "heldout_p_holm", "mde", "mde_worst", "pipeline_power",
               "pipeline_power_best", "verdict"):
         assert d["row"][k] == pytest.approx(row[k]) if isinstance(row[k], float) else d["row"][k] == row[k], k
     for bad, msg in [(["--top-k", "0"], "--top-k must be at least 1"), (["--fdr", "0"], "--fdr must be positive"),

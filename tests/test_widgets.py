@@ -114,7 +114,7 @@ def explored(tiny_llama):
     lm = tiny_llama
     s, c, h = (load_task("ioi", split, n=n) for split, n in (("search", 8), ("confirm", 4), ("heldout", 8)))
     pool = parse_heads("L0H2,L1H3,L2H3", lm.n_layers, lm.n_heads)
-    js = joint_search(lm, s, c, h, pool, max_size=2, random_sets=4, random_pools=0, n_explore=8, fdr=1.01,
+    js = joint_search(lm, s, c, h, pool, max_k=2, random_sets=4, random_pools=0, n_explore=8, fdr=1.01,
                       progress=False, n_boot=200)
     data = subset_explorer_data(js, lm=lm, search=s, heldout=h, n_boot=200, seed=0)
     return lm, s, h, js, data
