@@ -420,3 +420,28 @@ def test_smallest_allowed_sizes_pass_the_checks(cmd, argv, monkeypatch):
     _no_model_load(monkeypatch)
     with pytest.raises(AssertionError, match="model was loaded"):
         main([cmd, "--model", "smollm2-135m", "--task", "agreement", *argv])
+
+
+def test_every_ablation_kind_reaches_the_command_line(tiny_dir, tmp_path, capsys):
+    """`--mode` offers the kinds of cel_utils.ablation.KINDS: scale 0 gives zero ablation's numbers, scale 1 the
+    unablated model's, resample runs; constant (fit by cel robust) and a stray --alpha are refused with one line
+    before anything is loaded, nothing written."""
+    def ev(*extra):
+        out = tmp_path / "e.json"
+        code, _, err = run(["eval", "--model", tiny_dir, "--task", "ioi", "--n", "6", "--ablate", "L0H1,L2H3",
+                            "--out", str(out), *extra], capsys)
+        assert code == 0, err
+        return json.loads(out.read_text())
+
+    zero, s0, s1 = ev(), ev("--mode", "scale", "--alpha", "0"), ev("--mode", "scale", "--alpha", "1")
+    assert s0["ablated"] == zero["ablated"] and s0["alpha"] == 0.0 and "alpha" not in zero
+    assert s1["ablated"]["accuracy"] == s1["baseline"]["accuracy"]
+    assert s1["ablated"]["mean_margin"] == s1["baseline"]["mean_margin"]
+    res = ev("--mode", "resample")
+    assert res["mode"] == "resample" and res["ablated"]["mean_margin"] != zero["ablated"]["mean_margin"]
+    for bad, msg in [(["--mode", "constant"], "fit on the search split by `cel robust`"),
+                     (["--alpha", "0.5"], "--alpha goes with --mode scale"),
+                     (["--mode", "scale"], "--alpha goes with --mode scale")]:
+        out = tmp_path / "bad.json"
+        code, _, err = run(["eval", "--model", "no-such-model", "--task", "ioi", "--out", str(out), *bad], capsys)
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
