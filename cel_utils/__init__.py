@@ -11,6 +11,8 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``ablation`` (the kinds of head ablation in one place: zero, mean, resample, constant, scale), ``scoring``
   (items, reads, the plain-loop reference ``plain_evaluate``)
 * ``engine`` (the exact batched evaluator of head sets), ``stats`` (paired statistics, exact tests, the rules)
+* ``labels`` (the battery's checks and label read from per-item outcomes: a test behind every word)
+* ``operating`` (how often each label is right: the label rule on planted truths)
 * ``search`` (model-free search strategies: exhaustive, greedy, beam)
 * ``power`` (the power of the whole pipeline: a head planted in the real screen, simulated through every stage)
 * ``compare`` (head sets against the unablated model: ``compare_sets``)

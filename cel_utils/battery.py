@@ -1,15 +1,14 @@
-"""The battery: every check of :mod:`cel_utils.robust` run on head sets, and the label it gives (chapter 1c,
-``cel robust``).
+"""The battery: every measurement of :mod:`cel_utils.robust` made on head sets, read into checks and a label by
+:mod:`cel_utils.labels` (chapter 1c, ``cel robust``), with each label's bootstrap distribution over items and the
+rule's operating characteristics on the pair's own items (:mod:`cel_utils.operating`).
 
-:func:`battery` runs the checks for several sets of one task in shared passes (the unablated runs once) and gives
-one :class:`Battery` per set; :func:`label` reads the sets' check results through :data:`LABEL_RULES`, the one
-ordered list of what each word needs.
+:func:`battery` measures several sets of one task in shared passes (the unablated runs once) on items no choice used
+(:func:`battery_items`: the tails of the held-out and confirm splits after the items the verdicts used) and gives
+one :class:`Battery` per set.
 
 Example:
-    >>> label({"transfers": True, "zero_helps": True, "resample_helps": False})
-    'offset'
-    >>> [name for name, _ in LABEL_RULES][:2]
-    ['format-specific', 'label shift']
+    >>> battery_items("addition", RobustSettings(n=150, items=(("heldout", 200), ("confirm", 200)))).items[0]["split"]
+    'heldout'
 """
 
 from __future__ import annotations
@@ -17,54 +16,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+import numpy as np
 import pandas as pd
 
 from .ablation import Head, compute_head_means
-from .defaults import COLLATERAL_NLL, N_BOOT, TEXT_TOKENS
-from .engine import evaluate
+from .defaults import LABEL_BOOT, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
+from .effects import item_labels
 from .errors import CELError
 from .io import json_safe
-from .robust import ablation_types, format_changes, generation, label_shift, other_tasks, text_nll, transfer
+from .labels import HOLDS, Outcomes, checks, label, label_distribution
+from .operating import operating_characteristics
+from .robust import ablation_types, format_changes, generation, other_tasks, text_nll
 from .scoring import encode_task
-from .tasks import load_task
+from .tasks import Task, load_task
 
 # the control task of each task: the same answer format, another computation (specificity)
 CONTROL_TASKS = {"addition": "subtraction", "subtraction": "addition", "agreement_rc": "agreement",
                  "agreement": "agreement_rc", "comparison": "addition", "ioi": "agreement"}
-
-# what each label needs, tested in this order (a check is None when it did not run); "capability" otherwise
-LABEL_RULES = [
-    ("format-specific", lambda c: c.get("transfers") is False),      # the gain does not transfer across formats
-    ("label shift", lambda c: bool(c.get("label_shift"))),           # a constant label offset reproduces it
-    ("offset", lambda c: bool(c.get("zero_helps")) and c.get("resample_helps") is False),  # a constant, not a read
-    ("teacher-forcing only", lambda c: c.get("generation_helps") is False),  # no gain in free generation
-    ("costly", lambda c: bool(c.get("costly"))),                     # text NLL or another task pays for it
-]
-LABELS = ("capability", *(name for name, _ in LABEL_RULES))
-
-
-def label(checks: dict) -> str:
-    """One word for what the checks show: the first of :data:`LABEL_RULES` whose rule holds, else
-    ``capability``. ``format-specific`` (the gain does not transfer across the prompt formats: the first thing a
-    capability must do), ``label shift`` (a constant label offset reproduces the gain, or one class's margins fall
-    while the other's rise), ``offset`` (zero or mean ablation helps, resample does not: removal changes a
-    constant, not what the head reads), ``teacher-forcing only`` (no gain in free generation), ``costly`` (the NLL
-    on general text rises by more than ``COLLATERAL_NLL`` or another task loses significantly).
-
-    Example:
-        >>> label({"transfers": True, "zero_helps": True, "resample_helps": True, "generation_helps": True})
-        'capability'
-    """
-    return next((name for name, rule in LABEL_RULES if rule(checks)), "capability")
 
 
 @dataclass(frozen=True)
 class RobustSettings:
     """The parameters of :func:`battery` (defaults from :mod:`cel_utils.defaults`)."""
 
-    n: int = 200                 # held-out items per check
-    split: str = "heldout"
-    start: int = 0               # the first item of the split used (chapter 1c: items no earlier choice used)
+    n: int = ROBUST_ITEMS        # items per check (as many as the sources hold, up to this)
+    items: tuple = (("heldout", 0),)   # (split, first item) sources, in order: the items are their tails
     n_search: int = 32           # search items: head means and the best constant
     seed: int = 0
     n_boot: int = N_BOOT
@@ -74,102 +50,137 @@ class RobustSettings:
     n_other: int = 100
     generate: bool = True        # free generation (exact-match tasks)
     nll_sets: tuple | None = None       # the sets whose text NLL is measured (None: all); a set not named here is
-    #                                     measured anyway when the cost decides its label (every other check passed)
+    #                                     measured anyway when the cost decides its label (every other check holds)
     constant_sets: tuple | None = None  # the sets for which the best constant is fit (None: all)
-    brief_sets: tuple = ()              # sets whose battery stops at the formats when their gain does not
-    #                                     transfer (the first check decides the label: format-specific)
+    brief_sets: tuple = ()              # sets whose battery stops at the formats when they decide the label
+    label_boot: int = LABEL_BOOT        # item resamples of each label's bootstrap distribution
+    oc_sims: int = OC_SIMS              # planted heads per truth in the operating characteristics (0: none)
+
+
+def battery_items(task_name: str, s: RobustSettings) -> Task:
+    """The battery's items: the tail of each source split (``s.items``: (split, first item)) in order, up to
+    ``s.n``; each item keeps the ``split`` it came from. A :class:`~cel_utils.errors.CELError` when they hold
+    fewer than 2 items."""
+    items, src = [], None
+    for split, start in s.items:
+        src = load_task(task_name, split, seed=s.seed)
+        items += [dict(it, split=split) for it in src.items[start:]]
+    if len(items[:s.n]) < 2:
+        raise CELError(f"{task_name}: the sources {list(s.items)} hold {len(items)} items, the battery needs at least 2")
+    return replace(src, items=items[:s.n], split=None)
 
 
 @dataclass
 class Battery:
-    """The checks of one head set on one task (:func:`battery`)."""
+    """One head set's checks on one task (:func:`battery`): the measurements behind them, each check's estimate,
+    CI and reading, the label, its bootstrap distribution over items, and the rule's operating characteristics
+    on the pair's items."""
 
     model: str
     task: str
     heads: str                   # the set's name (:func:`cel_utils.ablation.format_set`)
     n: int
+    items: list                  # the sources of the items: (split, first item)
     formats: pd.DataFrame
-    sign_test: dict
     ablations: dict
     generation: dict
-    label_shift: dict
     collateral: dict
     control_task: dict
     checks: dict = field(default_factory=dict)
     label: str = ""
+    label_distribution: dict = field(default_factory=dict)
+    operating: pd.DataFrame | None = None
+    outcomes: Outcomes | None = None   # the per-item outcomes the checks read (not recorded)
 
     def record(self) -> dict:
-        """The JSON of ``cel robust`` (one set): ``formats`` (the default first), ``sign_test``, ``ablations``,
-        ``generation`` (exact-match tasks), ``fixes_by_kind`` (addition), ``label_shift``, ``collateral``,
-        ``control_task``, ``checks`` and ``label``."""
+        """The JSON of ``cel robust`` (one set): the items, ``formats`` (the default first), ``ablations``,
+        ``generation`` (exact-match tasks, with replayable items), ``fixes_by_kind`` (addition), ``collateral``,
+        ``control_task``, ``checks`` (estimate, CI and reading each), ``label``, ``label_distribution`` and
+        ``operating_characteristics`` (P(label | planted truth))."""
         f = self.formats[self.formats["set"] == self.heads]
-        gen = self.generation.get("sets", {}).get(self.heads) if self.generation else None
+        g = self.generation.get("sets", {}).get(self.heads) if self.generation else None
         return json_safe({
-            "model": self.model, "task": self.task, "heads": self.heads, "n": self.n,
+            "model": self.model, "task": self.task, "heads": self.heads, "n": self.n, "items": self.items,
             "formats": [{"name": r["format"], "n": r["n"], "baseline": r["baseline"], "delta": r["delta"],
-                         "ci_low": r["ci_low"], "ci_high": r["ci_high"]} for r in f.to_dict("records")],
-            "sign_test": self.sign_test, "ablations": self.ablations,
-            "generation": None if gen is None else {
-                "baseline_accuracy": self.generation["baseline_accuracy"], **{k: v for k, v in gen.items()
-                                                                              if k != "fixes_by_kind"}},
-            "fixes_by_kind": None if gen is None else gen.get("fixes_by_kind"),
-            "label_shift": self.label_shift, "collateral": self.collateral, "control_task": self.control_task,
-            "checks": self.checks, "label": self.label})
+                         "ci_low": r["ci_low"], "ci_high": r["ci_high"], "delta_margin": r["delta_margin"]}
+                        for r in f.to_dict("records")],
+            "ablations": {k: {x: y for x, y in v.items() if x != "margins"} for k, v in self.ablations.items()},
+            "generation": None if g is None else {
+                "baseline_accuracy": self.generation["baseline_accuracy"], "prefix": self.generation["prefix"],
+                **{k: v for k, v in g.items() if k != "fixes_by_kind"}},
+            "fixes_by_kind": None if g is None else g.get("fixes_by_kind"),
+            "collateral": self.collateral, "control_task": self.control_task, "checks": self.checks,
+            "label": self.label, "label_distribution": self.label_distribution,
+            "operating_characteristics": None if self.operating is None else
+            self.operating.reset_index().to_dict("records")})
+
+
+def decided_by_formats(c: dict) -> bool:
+    """Whether the formats alone decide a set's label: no gain shown in the task's own format, or a gain shown
+    there and not in the others (the first words of :func:`cel_utils.labels.label`)."""
+    return c["effect"]["reading"] != HOLDS or c.get("format_specific", {}).get("reading") == HOLDS
+
+
+def needs_cost(c: dict) -> bool:
+    """Whether the text cost decides a set's label: every other word's check fails or cannot tell, and every
+    other part of ``capability`` holds."""
+    if decided_by_formats(c):
+        return False
+    if any(c.get(k, {}).get("reading") == HOLDS for k in ("label_shift", "offset", "teacher_forcing")):
+        return False
+    return all(c.get(k, {}).get("reading") == HOLDS for k in ("transfer", "survives") + (
+        ("generation",) if "generation" in c else ()))
 
 
 @dataclass
 class Shared:
-    """What the sets of one battery share: the items, the search and confirm splits, the passes made once."""
+    """What the sets of one battery share: the items and their classes, the search split, the passes made once."""
 
-    task: object
-    search: object
-    confirm: object
+    task: Task
+    search: Task
+    signs: np.ndarray | None
     gen: dict
     others: pd.DataFrame | None
     control: pd.DataFrame | None
-    base_h: object
-    base_c: object
     means: object
 
 
-def _shared(lm, task_name: str, task, rest: dict, s: RobustSettings) -> Shared:
+def _signs(task: Task) -> np.ndarray | None:
+    labels = item_labels(task)
+    if labels is None or len(set(labels)) != 2:
+        return None
+    first = sorted(set(labels))[0]
+    return np.where(np.asarray(labels) == first, 1, -1)
+
+
+def _shared(lm, task_name: str, task: Task, rest: dict, s: RobustSettings) -> Shared:
     search = load_task(task_name, "search", n=s.n_search, seed=s.seed, clip=True)
-    confirm = load_task(task_name, "confirm", seed=s.seed)
     gen = generation(lm, task, rest, s.n_boot, s.seed) if s.generate and rest else {}
     others = other_tasks(lm, rest, list(s.other_tasks), s.n_other, s.seed, s.n_boot) \
         if s.other_tasks and rest else None
     ctl_name = CONTROL_TASKS.get(task_name)
     ctl = other_tasks(lm, rest, [ctl_name], s.n_other, s.seed, s.n_boot) if ctl_name and rest else None
-    enc_h, enc_c = encode_task(lm, task), encode_task(lm, confirm)
     means = compute_head_means(lm, encode_task(lm, search).inputs) if rest else None  # [layers, heads, d_head]
-    return Shared(task, search, confirm, gen, others, ctl, evaluate(lm, enc_h), evaluate(lm, enc_c), means)
+    return Shared(task, search, _signs(task), gen, others, ctl, means)
 
 
-def _set_checks(lm, name: str, heads: list[Head], sign: dict, sh: Shared, s: RobustSettings) -> tuple:
-    """One set's ablation types, label shift and check results (all but the text NLL's)."""
+def _outcomes(lm, name: str, heads: list[Head], margins: dict, sh: Shared, s: RobustSettings) -> tuple:
+    """One set's ablation kinds and its per-item outcomes (all but the text NLL)."""
     steps = s.constant_steps if s.constant_sets is None or name in s.constant_sets else 0
     abl = ablation_types(lm, sh.task, sh.search, heads, s.n_boot, s.seed, steps, means=sh.means)
-    shift = label_shift(sh.task, sh.confirm, sh.base_h, evaluate(lm, encode_task(lm, sh.task), heads), sh.base_c,
-                        s.n_boot, s.seed)
-    g = sh.gen.get("sets", {}).get(name) if sh.gen else None
+    right = sh.gen.get("right") if sh.gen else None
     hurts = None if sh.others is None else bool(sh.others[sh.others["set"] == name]["hurts"].any())
-    checks = {"transfers": sign["transfers"],
-              "zero_helps": bool(abl["zero"]["ci_low"] > 0 or abl["mean"]["ci_low"] > 0),
-              "mean_helps": abl["mean"]["ci_low"] > 0, "resample_helps": abl["resample"]["ci_low"] > 0,
-              "generation_helps": None if g is None else g["ci_low"] > 0,
-              "label_shift": None if not shift else bool(shift["offset_reproduces"] or shift["opposite_signs"]),
-              "costly": hurts}
-    return sign, abl, shift, checks
+    o = Outcomes(margins, {k: v["margins"] for k, v in abl.items() if k != "zero"},
+                 None if right is None else (right[""], right[name]), sh.signs, None, hurts)
+    return abl, o
 
 
-def _collateral(name: str, checks: dict, nll: dict, sh: Shared, brief: bool) -> dict:
-    """The set's cost on general text and on the other tasks; the text NLL's verdict joins ``checks``."""
+def _collateral(name: str, nll: dict, sh: Shared | None, brief: bool) -> dict:
     coll = {"text_nll_delta": None, "text_tokens": 0, "other_tasks": []}
     t = nll.get("sets", {}).get(name) if nll else None
     if t is not None:
         coll.update(text_nll_delta=t["text_nll_delta"], text_nll_ci_low=t["ci_low"], text_nll_ci_high=t["ci_high"],
                     text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"])
-        checks["costly"] = bool(checks["costly"] or t["text_nll_delta"] > COLLATERAL_NLL)
     if sh is not None and sh.others is not None and not brief:
         coll["other_tasks"] = sh.others[sh.others["set"] == name].drop(columns="set").to_dict("records")
     return coll
@@ -177,40 +188,59 @@ def _collateral(name: str, checks: dict, nll: dict, sh: Shared, brief: bool) -> 
 
 def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: RobustSettings | None = None,
             **overrides) -> list[Battery]:
-    """Every check of :mod:`cel_utils.robust` for each named head set on ``task_name`` (a built-in task with
-    formats), on ``n`` items of the ``split`` from item ``start`` on; the head means and the best constant come
-    from the search split. All sets share one pass of each check, so the unablated runs (every format, free
-    generation, the other tasks) are made once. The text NLL runs for the sets in ``nll_sets`` and for every set
-    whose label the cost decides; the best constant is fit for those in ``constant_sets``; a set in ``brief_sets``
-    whose gain does not transfer across the formats stops there (its label is decided: ``format-specific``; its
-    other checks are empty). One :class:`Battery` per set, each with its :func:`label`."""
+    """Every measurement for each named head set on ``task_name`` (a built-in task with formats), on the items of
+    :func:`battery_items`, read into checks and a label (:mod:`cel_utils.labels`). All sets share one pass of each
+    measurement. A set in ``brief_sets`` whose label the formats decide (:func:`decided_by_formats`) stops there.
+    The text NLL runs for the sets in ``nll_sets`` and wherever the cost decides the label (:func:`needs_cost`);
+    the best constant is fit for those in ``constant_sets``. One :class:`Battery` per set."""
     s = replace(settings or RobustSettings(), **overrides)
-    full = load_task(task_name, s.split, seed=s.seed)
-    if s.start + s.n > len(full):
-        raise CELError(f"{task_name}: items {s.start}..{s.start + s.n} asked, the {s.split} split has {len(full)}")
-    task = replace(full, items=full.items[s.start:s.start + s.n])
-    fmt, per_item = format_changes(lm, task, sets, s.n_boot, s.seed)
-    signs = {name: transfer(fmt[fmt["set"] == name]["delta"].to_numpy(), per_item[name], n_boot=s.n_boot,
-                            seed=s.seed) for name in sets}
-    brief = [n for n in sets if n in s.brief_sets and not signs[n]["transfers"]]  # labelled by the formats
+    task = battery_items(task_name, s)
+    fmt, margins = format_changes(lm, task, sets, s.n_boot, s.seed)
+    signs = _signs(task)
+    first = {n: checks(Outcomes(margins[n], signs=signs)) for n in sets}
+    brief = [n for n in sets if n in s.brief_sets and decided_by_formats(first[n])]
     rest = {n: list(h) for n, h in sets.items() if n not in brief}
     sh = _shared(lm, task_name, task, rest, s) if rest else None
-    parts = {n: (signs[n], {}, {}, {"transfers": False}) for n in brief}
-    parts.update({n: _set_checks(lm, n, h, signs[n], sh, s) for n, h in rest.items()})
-    # the text NLL (the costliest check per set): where asked, and wherever the cost decides the label
-    decides = [n for n, p in parts.items() if label({**p[3], "costly": None}) == "capability"]
-    want = [n for n in sets if s.nll_sets is None or n in s.nll_sets or n in decides]
+    abl = {n: {} for n in brief}
+    outs = {n: Outcomes(margins[n], signs=signs) for n in brief}
+    for n, h in rest.items():
+        abl[n], outs[n] = _outcomes(lm, n, h, margins[n], sh, s)
+    want = [n for n in rest if s.nll_sets is None or n in s.nll_sets or needs_cost(checks(outs[n]))]
     nll = text_nll(lm, {n: sets[n] for n in want}, s.text_tokens, n_boot=s.n_boot, seed=s.seed) \
         if s.text_tokens > 0 and want else {}
+    for n in want:
+        if nll:
+            outs[n].nll = nll["sets"][n]["per_chunk"]
+    oc = pair_operating(outs, s)
     out = []
     for name in sets:
-        sign, abl, shift, checks = parts[name]
-        coll = _collateral(name, checks, nll, sh, name in brief)
+        c = checks(outs[name])
         ctl_row = {} if sh is None or sh.control is None or name in brief else \
             sh.control[sh.control["set"] == name].drop(columns="set").to_dict("records")[0]
-        b = Battery(model=lm.name, task=task_name, heads=name, n=len(task), formats=fmt, sign_test=sign,
-                    ablations=abl, generation=sh.gen if sh is not None else {}, label_shift=shift, collateral=coll,
-                    control_task=ctl_row, checks=checks)
-        b.label = label(checks)
-        out.append(b)
+        gen = {k: v for k, v in sh.gen.items() if k != "right"} if sh is not None and sh.gen else {}
+        out.append(Battery(model=lm.name, task=task_name, heads=name, n=len(task.items),
+                           items=[list(x) for x in s.items], formats=fmt, ablations=abl[name], generation=gen,
+                           collateral=_collateral(name, nll, sh, name in brief), control_task=ctl_row, checks=c,
+                           label=label(c), label_distribution=label_distribution(outs[name], s.label_boot, s.seed),
+                           operating=oc, outcomes=outs[name]))
     return out
+
+
+def pair_operating(outs: dict[str, Outcomes], s: RobustSettings) -> pd.DataFrame | None:
+    """The label rule's operating characteristics on this pair's items (:func:`cel_utils.operating.
+    operating_characteristics`), with the per-item spread of a real head: the first set's change in margin in the
+    task's own format (the chosen head, in chapter 1c)."""
+    if s.oc_sims <= 0 or not outs:
+        return None
+    o = next(iter(outs.values()))
+    b0, a0 = o.margins["default"]
+    tau = float(np.std(a0 - b0, ddof=1)) or 1.0
+    base = Outcomes({f: (b, b) for f, (b, _) in o.margins.items()},
+                    generation=None if o.generation is None else (o.generation[0], o.generation[0]), signs=o.signs)
+    return operating_characteristics(base, tau=tau, n_sim=s.oc_sims, seed=s.seed)
+
+
+def readings(b: Battery) -> dict:
+    """Each check's reading (``holds``, ``fails``, ``cannot tell``) of a battery: the row chapter 1c tabulates."""
+    return {k: v.get("reading") for k, v in b.checks.items()}
+

@@ -13,7 +13,8 @@
                                                                 strategies take --screen and --pool)
     cel verdict --model M --task T [--n-search N] [--n-confirm N] [--n-heldout N] [--top-k K] [--mode M] [--seed S]
                [--power-sims N] [--out F]
-    cel robust --model M --task T --heads L13H0[,L19H4] [--split heldout] [--n N] [--seed S] [--out F]
+    cel robust --model M --task T --heads L13H0[,L19H4] [--split heldout | --items heldout:200,confirm:200] [--n N]
+               [--seed S] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
     cel exercises list
@@ -123,21 +124,35 @@ def cmd_robust(args):
     formats_of(args.task)  # a built-in task with prompt formats, before the model is loaded
     if args.mode != "zero":
         raise CELError("cel robust compares every ablation type itself: leave out --mode")
-    split = args.split or "heldout"
-    if split == "search":
-        raise CELError("cel robust tests on items that chose nothing: --split confirm or heldout")
+    sources = _item_sources(args)
     if args.text_tokens < 0 or args.constant_steps < 0:
         raise CELError("--text-tokens and --constant-steps must be at least 0")
-    lm, _ = load_run(args, _split_task(args.task, split))
+    lm, _ = load_run(args, _split_task(args.task, sources[0][0]))
     heads = parse_heads(args.heads, lm.n_layers, lm.n_heads)
     others = [t for t in args.other_tasks.split(",") if t] if args.other_tasks is not None else \
         [t for t in ("addition", "agreement_rc", "agreement", "ioi") if t not in (args.task, CONTROL_TASKS.get(args.task))]
-    s = RobustSettings(n=args.n or defaults.ROBUST_ITEMS, split=split, seed=args.seed, text_tokens=args.text_tokens,
+    s = RobustSettings(n=args.n or defaults.ROBUST_ITEMS, items=sources, seed=args.seed, text_tokens=args.text_tokens,
                        constant_steps=args.constant_steps, other_tasks=tuple(others))
     b = battery(lm, args.task, {format_set(heads): heads}, settings=s)[0]
-    out = {k: v for k, v in header(lm, _split_task(args.task, split), args).items() if k != "n_items"}
+    out = {k: v for k, v in header(lm, _split_task(args.task, sources[0][0]), args).items() if k not in ("n_items", "split")}
     out.update(b.record())
     emit(out, args.out)
+
+
+def _item_sources(args) -> tuple:
+    """``cel robust``'s items: ``--items heldout:200,confirm:200`` (the tails of those splits, in order), or the
+    whole ``--split`` (default heldout); never the search split, which chose the heads."""
+    if args.items is not None and args.split is not None:
+        raise CELError("give --items or --split, not both")
+    spec = args.items or f"{args.split or 'heldout'}:0"
+    out = []
+    for part in spec.split(","):
+        split, _, start = part.strip().partition(":")
+        if split not in ("confirm", "heldout") or not start.isdigit():
+            raise CELError(f"--items takes SPLIT:FIRST_ITEM[,...] with SPLIT confirm or heldout (items that chose "
+                           f"nothing), got {part.strip()!r}")
+        out.append((split, int(start)))
+    return tuple(out)
 
 
 def _split_task(name, split):

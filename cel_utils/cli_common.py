@@ -151,6 +151,9 @@ def add_robust(sub) -> None:
     sp.add_argument("--constant-steps", type=int, default=defaults.CONSTANT_STEPS,
                     help="gradient rounds of the best-constant ablation (0: skip)")
     sp.add_argument("--other-tasks", default=None, help="tasks on which the cost is measured (comma list)")
+    sp.add_argument("--items", default=None, metavar="SPLIT:FIRST[,SPLIT:FIRST]",
+                    help="the battery's items: the tails of these splits from these items on, in order, up to --n "
+                         "(chapter 1c: heldout:200,confirm:200, after the items its verdicts used)")
 
 
 def build_parser() -> argparse.ArgumentParser:

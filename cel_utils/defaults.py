@@ -61,6 +61,10 @@ SELECTOR_SWEEP_MAX = 256  # compare_selectors' pool search: every subset up to t
 TEXT_TOKENS = 20000     # tokens of general English text on which the change in NLL per token is measured
 COLLATERAL_NLL = 0.05   # a change in NLL per token above this (nats) counts as costly
 ROBUST_ITEMS = 200      # held-out items per check
+NO_EFFECT = 0.05        # a set whose gain's CI lies below this (accuracy) is labelled "no effect"
+ROOM = 0.05             # a format counts for transfer when its unablated accuracy lies in [ROOM, 1 - ROOM]
+OC_SIMS = 200           # planted truths per (pair, truth) in the labels' operating characteristics
+LABEL_BOOT = 200        # item resamples behind each label's bootstrap distribution
 CONSTANT_STEPS = 5      # gradient rounds of the best-constant ablation (fit on the search split)
 
 # Chapter 3's toy model: a change in task A's population loss smaller than this (in magnitude) is "no effect"

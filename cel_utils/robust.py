@@ -1,24 +1,21 @@
-"""Is it a capability? The checks a skeptical reviewer runs on a head set whose removal helps (chapter 1c,
-``cel robust``; :mod:`cel_utils.battery` runs them together and labels the set).
+"""Is it a capability? The measurements a skeptical reviewer makes on a head set whose removal helps (chapter 1c,
+``cel robust``): :mod:`cel_utils.battery` runs them together on the same items and :mod:`cel_utils.labels`
+reads them into checks and a label.
 
 A verdict speaks for one prompt format, one way of scoring (teacher forcing) and one ablation (zero). The
 battery asks each in turn, on items that took no part in choosing the heads:
 
-* :func:`format_changes`, :func:`transfer`: the change in every meaning-preserving prompt format of
-  :mod:`cel_utils.formats`; the gain *transfers* when it is positive in at least 7 of 8 formats (exact sign test)
-  and the pooled change's CI is above zero;
+* :func:`format_changes`: the change in every meaning-preserving prompt format of :mod:`cel_utils.formats`, with
+  every item's margins;
 * :func:`generation`: free greedy decoding with the heads removed (exact-match tasks): the answer is the
   generated text up to the task's stop; for addition the fixes split into *content* and *termination*;
 * :func:`ablation_types`: zero, mean (means from the search split), resample (the head's output on another item
   of the same length) and the best constant (fit on the search split);
-* :func:`label_shift`: per-class change in margin, and whether a constant label offset (fit on the confirm
-  split's baseline) reproduces the gain;
-* :func:`text_nll`, :func:`other_tasks`: the cost on general English text and on the model's other tasks;
+* :func:`text_nll`, :func:`other_tasks`: the cost on general English text and on the model's other tasks.
 
 Example:
-    >>> from cel_utils.robust import transfer
-    >>> transfer([0.1] * 8, np.tile([1.0, 0.0], (8, 20)))["transfers"]
-    True
+    >>> answer_of(" 79\n12 + 4")
+    '79'
 """
 
 from __future__ import annotations
@@ -35,11 +32,10 @@ from .ablation import Ablation, Head, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
 from .defaults import ALPHA, N_BOOT, TEXT_TOKENS
-from .effects import class_effects, item_labels
 from .engine import evaluate
 from .formats import formats_of, in_format
 from .scoring import encode_task, split_prompt
-from .stats import bootstrap_mean, fixes_breaks, holm, mcnemar_exact, paired_bootstrap
+from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
 from .tasks import Task, load_task
 
 # ------------------------------------------------------------------------------------------------------------
@@ -49,41 +45,18 @@ def format_changes(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int 
                    ) -> tuple[pd.DataFrame, dict]:
     """Every format of ``task``'s :data:`~cel_utils.formats.FORMATS` (the default first): per named head set its
     baseline accuracy, change and paired-bootstrap CI (``format``, ``set``, ``n``, ``baseline``, ``delta``,
-    ``ci_low``, ``ci_high``), and the per-item changes ``{set: [formats, items]}`` behind them."""
-    rows, per_item = [], {k: [] for k in sets}
+    ``ci_low``, ``ci_high``, ``delta_margin``), and the per-item margins behind them: ``{set: {format: (unablated
+    [n], ablated [n])}}``."""
+    rows, margins = [], {k: {} for k in sets}
     for fmt in formats_of(task.name):
         cmp = compare_sets(lm, in_format(task, fmt.name), sets, n_boot=n_boot, seed=seed)
-        base = cmp.baseline.correct[0].astype(float)
         for j, name in enumerate(cmp.names):
             r = cmp.table.iloc[j]
             rows.append({"format": fmt.name, "set": name, "n": int(r.n_items), "baseline": float(r.baseline_accuracy),
-                         "delta": float(r.delta_accuracy), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high)})
-            per_item[name].append(cmp.results.correct[j].astype(float) - base)
-    return pd.DataFrame(rows), {k: np.array(v) for k, v in per_item.items()}
-
-
-def transfer(deltas: Sequence[float], per_item: np.ndarray, need: int | None = None, n_boot: int = N_BOOT,
-             seed: int = 0, alpha: float = ALPHA) -> dict:
-    """Does a gain transfer across formats? ``deltas`` (one change per format) and ``per_item [formats, items]``.
-    The exact sign test (``scipy.stats.binomtest``, one-sided: more positive formats than chance), the pooled
-    change (each item's change averaged over formats) with a percentile bootstrap CI over items
-    (:func:`cel_utils.stats.bootstrap_mean`), and ``transfers``: positive in at least ``need`` formats (all but one by
-    default) and the pooled CI above zero.
-
-    Example:
-        >>> t = transfer([0.1] * 7 + [0.0], np.tile([1.0, 0.0, 0.0, 1.0], (8, 25)))
-        >>> t["positive"], t["total"], round(t["p_value"], 4), t["transfers"]
-        (7, 8, 0.0352, True)
-    """
-    from scipy.stats import binomtest
-
-    d = np.asarray(deltas, float)
-    k, n = int((d > 0).sum()), len(d)
-    need = n - 1 if need is None else need
-    point, lo, hi = bootstrap_mean(np.asarray(per_item, float).mean(axis=0), n_boot, seed, alpha)  # over items
-    return {"positive": k, "total": n, "p_value": float(binomtest(k, n, 0.5, alternative="greater").pvalue),
-            "pooled_delta": point, "pooled_ci_low": lo, "pooled_ci_high": hi, "need": need,
-            "transfers": bool(k >= need and lo > 0)}
+                         "delta": float(r.delta_accuracy), "ci_low": float(r.ci_low), "ci_high": float(r.ci_high),
+                         "delta_margin": float(r.delta_margin)})
+            margins[name][fmt.name] = (cmp.baseline.margin[0], cmp.results.margin[j])
+    return pd.DataFrame(rows), margins
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -128,18 +101,24 @@ def greedy(lm, prompts: Sequence[str], max_new: int, heads: Sequence[Head] = (),
 def generation(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Free greedy generation on an exact-match task, unablated and with each named set removed: accuracy (the
     answer, :func:`answer_of`, equals the target), the change with a paired-bootstrap CI and exact McNemar p,
-    the per-item agreement with the teacher-forced score, and the texts. ``{}`` for a multiple-choice task."""
+    the per-item agreement with the teacher-forced score, and the texts (each prompt replayable: the part every
+    prompt shares, ``prefix``, once, and each item's own ``prompt`` after it); ``right``: per set (and ``""``, the
+    unablated model) whether each item was answered right ``[n]``. ``{}`` for a multiple-choice task."""
+    import os
+
     if task.kind != "em":
         return {}
     ctx = [split_prompt(it["prompt"], it["target"])[0] for it in task.items]
+    prefix = os.path.commonprefix(ctx)
+    prefix = prefix[:prefix.rfind("\n") + 1]   # whole lines: the shared demonstrations
     targets = [it["target"].strip() for it in task.items]
     max_new = max(len(lm.tokenizer(" " + t, add_special_tokens=False)["input_ids"]) for t in targets) + 2
     texts = {name: greedy(lm, ctx, max_new, heads) for name, heads in {"": [], **sets}.items()}
     right = {k: np.array([answer_of(t) == y for t, y in zip(v, targets)]) for k, v in texts.items()}
     enc = encode_task(lm, task)
     tf = {k: evaluate(lm, enc, list(h)).correct[0] for k, h in {"": [], **sets}.items()}
-    out = {"baseline_accuracy": float(right[""].mean()),
-           "teacher_forced_baseline": float(tf[""].mean()), "sets": {}}
+    out = {"baseline_accuracy": float(right[""].mean()), "teacher_forced_baseline": float(tf[""].mean()),
+           "prefix": prefix, "sets": {}, "right": right}
     for name in sets:
         f, b = fixes_breaks(right[""], right[name][None])
         bs = paired_bootstrap(right[""].astype(float), right[name].astype(float), n_boot=n_boot, seed=seed)
@@ -149,8 +128,8 @@ def generation(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_
             "agreement_with_teacher_forced": float(np.mean(right[name] == tf[name])),
             "teacher_forced_delta": float(tf[name].mean() - tf[""].mean()),
             "fixes_by_kind": fixes_by_kind(texts[""], texts[name], targets) if task.name == "addition" else None,
-            "items": [{"prompt": p.splitlines()[-1] if p.strip() else p, "target": y, "baseline_text": t0,
-                       "ablated_text": t1} for p, y, t0, t1 in zip(ctx, targets, texts[""], texts[name])]}
+            "items": [{"prompt": p[len(prefix):], "target": y, "baseline_text": t0, "ablated_text": t1}
+                      for p, y, t0, t1 in zip(ctx, targets, texts[""], texts[name])]}
     out["agreement_with_teacher_forced"] = float(np.mean(right[""] == tf[""]))
     return out
 
@@ -220,7 +199,7 @@ def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: 
     """The held-out change in accuracy when ``heads`` are removed four ways, each with a paired-bootstrap CI:
     ``zero``, ``mean`` (means over the search prompts, or ``means`` when given: ``[n_layers, n_heads, d_head]``
     computed there), ``resample`` (another item's output) and ``constant`` (the best constant, fit on the search
-    split; ``constant_steps=0`` skips it)."""
+    split; ``constant_steps=0`` skips it); ``margins``: each kind's per-item ablated margins ``[n]``."""
     enc, search_enc = encode_task(lm, task), encode_task(lm, search)
     means = compute_head_means(lm, search_enc.inputs) if means is None else means
     base = evaluate(lm, enc)
@@ -234,54 +213,8 @@ def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: 
     for k, r in results.items():
         bs = paired_bootstrap(base.correct[0].astype(float), r.correct[0].astype(float), n_boot=n_boot, seed=seed)
         out[k] = {"delta": bs["delta"], "ci_low": bs["ci_low"], "ci_high": bs["ci_high"],
-                  "delta_margin": float(r.mean_margin[0] - base.mean_margin[0])}
+                  "delta_margin": float(r.mean_margin[0] - base.mean_margin[0]), "margins": r.margin[0]}
     return out
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Label shift
-# ------------------------------------------------------------------------------------------------------------
-def label_offset(margins: np.ndarray, signs: np.ndarray) -> float:
-    """The constant label offset ``d`` that maximises accuracy when every item's margin becomes ``m + d * s``
-    (``s`` = +1 for one class, -1 for the other): a pure shift of the model's preference between the two labels.
-
-    Example:
-        >>> label_offset(np.array([-1.0, 2.0, 0.5, -0.2]), np.array([1, 1, -1, -1]))   # fixes the last, costs none
-        -1.1
-    """
-    m, s = np.asarray(margins, float), np.asarray(signs, float)
-    cut = np.unique(-m * s)  # the offsets at which an item flips
-    cand = np.concatenate([[0.0], (cut[:-1] + cut[1:]) / 2, cut[[0, -1]] + [-1.0, 1.0]])
-    acc = ((m[None] + cand[:, None] * s[None]) > 0).mean(axis=1)
-    best = acc.max()
-    return float(cand[np.flatnonzero(acc == best)[np.argmin(np.abs(cand[acc == best]))]])
-
-
-def label_shift(heldout: Task, confirm: Task, base_h, abl_h, base_c, n_boot: int = N_BOOT, seed: int = 0) -> dict:
-    """Is a gain a shift toward one label? On held-out items (two-class tasks): the change in mean margin per
-    class with a CI, the class analysis of :func:`cel_utils.effects.class_effects`, and whether the best constant
-    label offset, fit on the *confirm* split's unablated margins, reproduces the held-out gain. ``{}`` when the
-    task has no two classes."""
-    labels = item_labels(heldout)
-    if labels is None or len(set(labels)) != 2:
-        return {}
-    classes = sorted(set(labels))
-    lab_h, lab_c = np.asarray(labels), np.asarray(item_labels(confirm))
-    per_class = []
-    for c in classes:
-        m = lab_h == c
-        bs = paired_bootstrap(base_h.margin[0][m], abl_h.margin[0][m], n_boot=n_boot, seed=seed)
-        per_class.append({"class": c, "n": int(m.sum()), "delta_margin": bs["delta"], "ci_low": bs["ci_low"],
-                          "ci_high": bs["ci_high"]})
-    d = label_offset(base_c.margin[0], np.where(lab_c == classes[0], 1, -1))
-    shifted = base_h.margin[0] + d * np.where(lab_h == classes[0], 1, -1)
-    eff = class_effects(labels, base_h.correct[0], abl_h.correct[0], n_boot=n_boot, seed=seed)
-    gain = float(abl_h.accuracy[0] - base_h.accuracy[0])
-    offset_gain = float((shifted > 0).mean() - base_h.accuracy[0])
-    return {"per_class": per_class, "kind": eff["kind"], "offset": d, "offset_gain": offset_gain, "gain": gain,
-            "opposite_signs": bool((per_class[0]["ci_high"] < 0 < per_class[1]["ci_low"])
-                                   or (per_class[1]["ci_high"] < 0 < per_class[0]["ci_low"])),
-            "offset_reproduces": bool(gain > 0 and offset_gain >= gain / 2)}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -317,7 +250,7 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
              n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Next-token NLL per token (nats) on ``n_tokens`` tokens of :func:`english_text` (each predicted once, from
     chunks of ``chunk`` tokens that overlap by one): unablated, and the change with each named set removed, with a
-    bootstrap CI over chunks."""
+    bootstrap CI over chunks (``per_chunk``: each chunk's change in NLL per token)."""
     from .ablation import ablate_heads
 
     text, source = english_text()
@@ -352,7 +285,7 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
         d = (abl[:, 0] - base[:, 0]) / base[:, 1]  # per-chunk change in NLL per token
         bs = paired_bootstrap(np.zeros(len(d)), d, n_boot=n_boot, seed=seed)
         out["sets"][name] = {"text_nll_delta": float((abl[:, 0].sum() - base[:, 0].sum()) / tokens),
-                             "ci_low": bs["ci_low"], "ci_high": bs["ci_high"]}
+                             "ci_low": bs["ci_low"], "ci_high": bs["ci_high"], "per_chunk": d}
     return out
 
 

@@ -374,7 +374,7 @@ def test_capability_records(staged):
     """Chapter 1c: every battery has the eight formats (the default first), the four ablation types, a label
     from the list, and ran on held-out items after the ones chapter 1a graded; each tested set is a localized
     verdict's chosen head, set, control or confirmed head, or (nothing localized) an exploratory head."""
-    from cel_utils.battery import LABELS
+    from cel_utils.labels import LABELS
 
     GATES_ROLE = "learned gates' set (chapter 2)"
 

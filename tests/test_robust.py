@@ -1,17 +1,16 @@
-"""Is it a capability? The battery of cel_utils.robust on tiny models with planted heads, and its pieces against
-independent computations."""
+"""Is it a capability? The battery (cel_utils.battery, cel_utils.robust) on tiny models with planted heads, and its
+pieces against independent computations."""
 
 import json
 import random
 import string
 
-import numpy as np
 import pytest
 import torch
 
 from cel_utils import battery, formats, hooks, robust
 from cel_utils.formats import Format
-from cel_utils.scoring import ItemResults
+from cel_utils.labels import LABELS
 
 PLANTED = (1, 2)
 PREFIXES = ["", "x ", "> ", "q: ", "## ", "so ", "| ", "ok "]   # eight "formats": a different start each
@@ -31,7 +30,9 @@ def _planted_model(prompts, constant: bool, transfer: bool):
     """A tiny Llama whose head PLANTED decides the items: with every head on, default-format items are answered
     wrong; without it, right. ``constant``: the head's output is a constant (value weights 0, a value bias), so
     another item's output is the same vector. ``transfer``: in the other formats the head hurts too (else it
-    does nothing there: the answer is right with and without it). Other heads are near-silent."""
+    does nothing there: the answer is right with and without it, a ceiling). Other heads are near-silent. With
+    ``transfer`` every format sits at the floor, which the label rule leaves out of transfer
+    (:data:`cel_utils.labels.ROOM`): the tests that need those formats set the floor to 0 (``floorless``)."""
     import transformers
 
     from cel_utils.models import wrap_model
@@ -98,6 +99,14 @@ def _separate(x, y, steps=3000):
 
 
 @pytest.fixture()
+def floorless(monkeypatch):
+    """Formats at the floor count for transfer (the planted model answers every item wrong with the head)."""
+    from cel_utils import labels
+
+    monkeypatch.setattr(labels, "ROOM", 0.0)
+
+
+@pytest.fixture()
 def planted_task(tmp_path, monkeypatch):
     """A JSONL task in three splits whose answer is always "a", and eight formats (different starts)."""
     prompts = _prompts()
@@ -113,51 +122,57 @@ def planted_task(tmp_path, monkeypatch):
 
 def _battery(lm, path):
     return battery.battery(lm, path, {"L1H2": [PLANTED]}, n=6, n_search=6, text_tokens=0, generate=False,
-                          constant_steps=0, n_boot=200)[0]
+                           constant_steps=0, n_boot=200, oc_sims=10)[0]
 
 
-def test_a_constant_offset_head_is_an_offset(planted_task):
+def test_a_constant_offset_head_is_an_offset(planted_task, floorless):
     """Removing a head whose output is a constant helps in every format, and zeroing it helps, but giving each
     item another item's output (the same constant) changes nothing: an offset, not a capability."""
     path, prompts = planted_task
     b = _battery(_planted_model(prompts, constant=True, transfer=True), path)
-    assert b.sign_test["positive"] == 8 and b.checks["transfers"]
+    assert b.checks["transfer"]["sign_test"]["positive"] == 7 and b.checks["transfer"]["reading"] == "holds"
     assert b.ablations["zero"]["delta"] == 1.0 and b.ablations["resample"]["delta"] == 0.0
-    assert b.label == "offset"
+    assert b.checks["offset"]["reading"] == "holds" and b.label == "offset"
 
 
-def test_a_head_that_helps_one_format_only_is_format_specific(planted_task):
-    """A head whose removal fixes the default format's items and changes nothing in the seven others: the gain
-    does not transfer (1 of 8 formats positive), whatever the ablation type shows."""
+def test_a_gain_in_one_format_beside_formats_at_the_ceiling_is_not_called_format_specific(planted_task):
+    """A head whose removal fixes the default format's items while every other format sits at the ceiling (right
+    with and without it): there is no room to show a gain elsewhere, so the rule cannot tell whether it transfers
+    and does not call it format-specific (the rule before counted the seven ties against it). A gain shown smaller
+    in the other formats than in the default is format-specific: tests/test_labels.py plants one."""
     path, prompts = planted_task
     b = _battery(_planted_model(prompts, constant=False, transfer=False), path)
-    f = b.formats.set_index("format")["delta"]
-    assert f["default"] == 1.0 and (f.drop("default") == 0).all()
-    assert b.sign_test["positive"] == 1 and not b.checks["transfers"]
-    assert b.label == "format-specific"
+    f = b.formats.set_index("format")
+    assert f.loc["default", "delta"] == 1.0 and (f["delta"].drop("default") == 0).all()
+    assert (f["baseline"].drop("default") == 1).all()
+    assert b.checks["transfer"]["reading"] == "cannot tell" and b.checks["transfer"]["formats"] == []
+    assert b.checks["format_specific"]["reading"] == "cannot tell" and b.label != "format-specific"
 
 
-def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, monkeypatch):
-    """One battery over two sets shares the unablated runs; a set's formats, ablation types, sign test, control
-    task, label and checks equal those of a battery run on that set alone (cache off: every number recomputed).
-    Both sets are brief: the battery stops at the formats for the one whose gain does not transfer, and only
-    for that one."""
+def test_sets_sharing_one_battery_get_what_each_gets_alone(planted_task, floorless, monkeypatch):
+    """One battery over two sets shares the unablated runs; a set's formats, ablation types, checks, control
+    task, label and its distribution equal those of a battery run on that set alone (cache off: every number
+    recomputed). Both sets are brief: the battery stops at the formats for the near-silent head, whose formats
+    decide its label (no effect), and only for that one."""
     monkeypatch.setenv("CEL_NO_CACHE", "1")
     path, prompts = planted_task
     lm = _planted_model(prompts, constant=True, transfer=True)
     sets = {"L0H1": [(0, 1)], "L1H2": [PLANTED]}  # the planted head second
-    kw = dict(n=6, n_search=6, text_tokens=0, generate=False, constant_steps=0, n_boot=200)
+    kw = dict(n=6, n_search=6, text_tokens=0, generate=False, constant_steps=0, n_boot=200, oc_sims=10)
     brief, full = battery.battery(lm, path, sets, brief_sets=("L1H2", "L0H1"), **kw)
     alone = battery.battery(lm, path, {"L1H2": sets["L1H2"]}, **kw)[0]
-    assert full.record() == alone.record() and alone.label == "offset"
-    assert not brief.sign_test["transfers"] and brief.label == "format-specific"
-    assert brief.ablations == {} and brief.control_task == {} and brief.label_shift == {}
+    rec_full, rec_alone = full.record(), alone.record()
+    rec_full.pop("operating_characteristics"), rec_alone.pop("operating_characteristics")  # the pair's, from the first set
+    assert rec_full == rec_alone and alone.label == "offset"
+    assert brief.label == "no effect" and brief.checks["effect"]["ci_high"] < 0.05
+    assert brief.ablations == {} and brief.control_task == {}
 
 
-def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_task, monkeypatch):
+def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_task, floorless, monkeypatch):
     """The text NLL (the costliest check) runs for the sets named in ``nll_sets`` and for a set that passes every
-    earlier check (its label is capability or costly by the cost alone), not for a set an earlier check labels.
-    Resampling is made to help here (the zero-ablated results), so the planted head passes every check."""
+    earlier check (its label is capability, costly or inconclusive by the cost alone), not for a set an earlier
+    check labels. Resampling is made to help here (the zero-ablated results), so the planted head passes every
+    check; the other tasks are not measured, so a cheap text cost alone cannot make it a capability."""
     path, prompts = planted_task
     monkeypatch.setattr(robust, "english_text", lambda: ("Colourless green ideas sleep furiously. " * 8, "t"))
     from cel_utils import engine
@@ -168,39 +183,13 @@ def test_text_nll_runs_where_asked_and_where_the_cost_decides_the_label(planted_
     monkeypatch.setattr(robust, "evaluate", resample_as_zero)
     lm = _planted_model(prompts, constant=True, transfer=True)
     sets = {"L1H2": [PLANTED], "L0H1": [(0, 1)]}
-    kw = dict(n=6, n_search=6, text_tokens=64, generate=False, constant_steps=0, n_boot=200)
+    kw = dict(n=6, n_search=6, text_tokens=64, generate=False, constant_steps=0, n_boot=200, oc_sims=0)
     lazy = {b.heads: b for b in battery.battery(lm, path, sets, nll_sets=(), **kw)}
-    assert lazy["L0H1"].label == "format-specific" and lazy["L0H1"].collateral["text_tokens"] == 0
-    assert lazy["L1H2"].label in ("capability", "costly") and lazy["L1H2"].collateral["text_tokens"] > 0
+    assert lazy["L0H1"].label == "no effect" and lazy["L0H1"].collateral["text_tokens"] == 0
+    assert lazy["L1H2"].collateral["text_tokens"] > 0 and lazy["L1H2"].checks["survives"]["reading"] == "holds"
+    assert lazy["L1H2"].label == "inconclusive" and lazy["L1H2"].checks["cost"]["reading"] == "cannot tell"
     asked = {b.heads: b for b in battery.battery(lm, path, sets, nll_sets=("L0H1",), **kw)}
-    assert asked["L0H1"].collateral["text_tokens"] > 0 and asked["L0H1"].label == "format-specific"
-
-
-def test_a_label_shift_is_called_a_label_shift():
-    """Removal moves every margin toward one label: class A's margins rise (some items flip to right), class B's
-    fall without a flip. The per-class changes have opposite signs and a constant label offset fit on the
-    confirm split's margins reproduces the gain; a gain spread over both classes is no label shift."""
-    from cel_utils.tasks import Task
-
-    rng = np.random.default_rng(0)
-    n = 120
-    labels = ["A"] * (n // 2) + ["B"] * (n // 2)
-    s = np.where(np.array(labels) == "A", 1.0, -1.0)
-
-    def task(items_labels):
-        return Task(name="t", kind="mc", items=[{"prompt": "p", "choices": ["a", "b"], "answer": 0, "label": l}
-                                                for l in items_labels])
-    held, conf = task(labels), task(labels)
-    m_conf = np.where(s > 0, rng.normal(-0.2, 0.5, n), rng.normal(3, 0.5, n))  # class A near the threshold
-    m_base = np.where(s > 0, rng.normal(-0.2, 0.5, n), rng.normal(3, 0.5, n))
-    r = lambda m: ItemResults(correct=(m > 0)[None], margin=m[None])  # noqa: E731
-    shift = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * s), r(m_conf), n_boot=300)
-    assert shift["gain"] > 0.2 and shift["opposite_signs"] and shift["offset_reproduces"]
-    assert battery.label({"transfers": True, "label_shift": True, "zero_helps": True, "resample_helps": True}) == \
-        "label shift"
-    capable = robust.label_shift(held, conf, r(m_base), r(m_base + 0.8 * np.abs(s) * (s > 0) + 0.8 * (s < 0)),
-                                 r(m_conf), n_boot=300)
-    assert not capable["opposite_signs"]
+    assert asked["L0H1"].collateral["text_tokens"] > 0 and asked["L0H1"].label == "no effect"
 
 
 def test_greedy_generation_matches_a_plain_loop(tiny_llama):
@@ -276,9 +265,11 @@ def test_fixes_by_kind_and_answer_of():
 
 
 def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
-    """`cel robust` writes the contract's fields (formats with the default first, the sign test, four ablation
-    types, generation with fixes by kind for addition, collateral, a label from the list) and refuses bad input
-    with one line, exit 2, nothing written."""
+    """`cel robust` writes the contract's fields (formats with the default first, every check with its estimate,
+    CI and reading, four ablation types, generation with replayable prompts and fixes by kind for addition,
+    collateral, a label from the list with its bootstrap distribution, the operating characteristics) and refuses
+    bad input with one line, exit 2, nothing written. A head of this random model, whose addition it gets wrong
+    with and without the head, is never called format-specific."""
     from cel_utils.cli import main
 
     folder = tiny_folder("llama")
@@ -289,18 +280,27 @@ def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
     d = json.loads(out.read_text())
     assert [f["name"] for f in d["formats"]][0] == "default" and len(d["formats"]) == 8
     assert all(set(f) >= {"name", "n", "baseline", "delta", "ci_low", "ci_high"} for f in d["formats"])
-    assert set(d["sign_test"]) >= {"positive", "total", "p_value"} and d["sign_test"]["total"] == 8
+    assert d["n"] == 6 and d["items"] == [["heldout", 0]]
+    for name, c in d["checks"].items():
+        assert c["reading"] in ("holds", "fails", "cannot tell") and "estimate" in c, name
+    assert set(d["checks"]) >= {"effect", "transfer", "format_specific"}
+    assert set(d["checks"]["transfer"].get("sign_test", {"positive": 0})) >= {"positive"}
+    assert abs(sum(d["label_distribution"].values()) - 1) < 1e-9
+    assert {r["truth"] for r in d["operating_characteristics"]} == {"capability", "near-threshold capability",
+                                                                   "format-specific", "offset", "null"}
+    assert d["label"] != "format-specific"
+    g = d["generation"]   # one set asked about: every measurement runs, whatever the formats decide
     assert set(d["ablations"]) == {"zero", "mean", "resample", "constant"}
     assert all(set(a) >= {"delta", "ci_low", "ci_high"} for a in d["ablations"].values())
-    g = d["generation"]
     assert set(g) >= {"baseline_accuracy", "ablated_accuracy", "delta", "ci_low", "ci_high",
-                      "agreement_with_teacher_forced", "items"} and len(g["items"]) == 6
+                      "agreement_with_teacher_forced", "items", "prefix"} and len(g["items"]) == 6
     assert set(g["items"][0]) == {"prompt", "target", "baseline_text", "ablated_text"}
+    assert (g["prefix"] + g["items"][0]["prompt"]).count("\n") >= 3   # the demonstrations, whole
     assert set(d["fixes_by_kind"]) == {"content", "termination"}
     c = d["collateral"]
-    assert c["text_tokens"] >= 100 and isinstance(c["text_nll_delta"], float)
     assert [t["task"] for t in c["other_tasks"]] == ["agreement"]
-    assert d["label"] in battery.LABELS
+    assert c["text_tokens"] >= 100 and isinstance(c["text_nll_delta"], float)   # asked about alone: measured
+    assert d["label"] in LABELS
     for bad, msg in [(["--heads", "all"], "head set"), (["--split", "search"], "chose nothing"),
                      (["--text-tokens", "-1"], "at least 0"), (["--task", "capitals"], "no prompt formats")]:
         capsys.readouterr()

@@ -1,0 +1,95 @@
+"""The battery's checks and label (cel_utils.labels) on outcomes built here: each word needs a check that holds,
+"no effect" and "inconclusive" have their place, and formats without room do not count."""
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from cel_utils.labels import LABELS, Outcomes, checks, label, label_distribution, mean_ci
+
+RNG = np.random.default_rng(0)
+N = 300
+
+
+def _base(acc=0.4, n=N, formats=("default", "a", "b", "c")):
+    item = RNG.normal(0, 1, n)
+    return {f: norm.ppf(acc) + item + 0.5 * RNG.normal(0, 1, n) for f in formats}
+
+
+def _outcomes(shift=None, kinds_shift=None, gen=True, base=None, signs=None, nll=0.0):
+    """Every format shifted by ``shift[f]`` (default 0), mean and resample by ``kinds_shift``, generation following
+    the default format's flips, the text cost ``nll`` per chunk."""
+    base = base or _base()
+    shift = shift or {}
+    m = {f: (b, b + shift.get(f, 0.0) + 0.3 * RNG.normal(0, 1, len(b))) for f, b in base.items()}
+    b0 = base["default"]
+    ks = kinds_shift if kinds_shift is not None else shift.get("default", 0.0)
+    kinds = {k: b0 + ks + 0.3 * RNG.normal(0, 1, len(b0)) for k in ("mean", "resample")}
+    g = None
+    if gen:
+        g0 = (b0 > 0).astype(float)
+        g = (g0, (m["default"][1] > 0).astype(float))
+    return Outcomes(m, kinds, g, signs, np.full(20, nll) + RNG.normal(0, 0.002, 20), False)
+
+
+def test_mean_ci_is_scipys_t_interval():
+    from scipy.stats import t
+
+    d = RNG.normal(0.2, 1, 50)
+    est, lo, hi = mean_ci(d)
+    half = t.ppf(0.975, 49) * d.std(ddof=1) / np.sqrt(50)
+    assert est == pytest.approx(d.mean()) and (lo, hi) == pytest.approx((d.mean() - half, d.mean() + half))
+
+
+def test_each_truth_gets_its_word():
+    everywhere = {f: 1.0 for f in ("default", "a", "b", "c")}
+    cap = checks(_outcomes(everywhere))
+    assert [cap[k]["reading"] for k in ("effect", "transfer", "survives", "generation", "cost")] == \
+        ["holds"] * 4 + ["fails"] and label(cap) == "capability"
+    assert label(checks(_outcomes({"default": 1.0}))) == "format-specific"
+    assert label(checks(_outcomes(everywhere, kinds_shift=0.0))) == "offset"
+    assert label(checks(_outcomes(everywhere, nll=0.2))) == "costly"
+    assert label(checks(_outcomes({}))) == "no effect"
+
+
+def test_teacher_forcing_only_and_label_shift():
+    everywhere = {f: 1.0 for f in ("default", "a", "b", "c")}
+    o = _outcomes(everywhere)
+    o.generation = (o.generation[0], o.generation[0])   # no gain in free generation
+    c = checks(o)
+    assert c["generation"]["reading"] != "holds" and c["teacher_forcing"]["reading"] == "holds"
+    assert label(c) == "teacher-forcing only"
+    signs = np.where(np.arange(N) % 2 == 0, 1, -1)
+    base = _base(acc=0.5)
+    m = {f: (b, b + 1.5 * signs + 0.3 * RNG.normal(0, 1, N)) for f, b in base.items()}   # toward one label
+    c = checks(Outcomes(m, {k: m["default"][1] for k in ("mean", "resample")}, None, signs,
+                        np.zeros(20), False))
+    assert c["label_shift"]["reading"] == "holds" and c["label_shift"]["estimate"] > 1
+    if c["effect"]["reading"] == "holds":
+        assert label(c) in ("label shift", "format-specific")
+
+
+def test_no_effect_needs_a_narrow_interval_and_inconclusive_takes_the_rest():
+    wide = _outcomes({}, base=_base(n=20))   # 20 items: the interval cannot rule out a gain of 0.05
+    c = checks(wide)
+    assert c["effect"]["reading"] != "holds"
+    assert label(c) == ("no effect" if c["effect"]["ci_high"] < 0.05 else "inconclusive")
+    assert label({"effect": {"reading": "cannot tell", "ci_high": 0.2}}) == "inconclusive"
+    assert label({"effect": {"reading": "fails", "ci_high": -0.1}}) == "no effect"   # a loss is no gain
+
+
+def test_formats_without_room_do_not_count():
+    base = _base()
+    base["ceiling"] = np.full(N, 5.0)    # right whatever happens: no room
+    base["floor"] = np.full(N, -9.0)     # the model does not do the task in this format at all
+    o = _outcomes({"default": 1.0}, base=base)
+    o.margins["a"] = (o.margins["a"][0], o.margins["a"][0])   # exactly no change in format a
+    c = checks(o)
+    assert set(c["transfer"]["formats"]) == {"a", "b", "c"}
+    st = c["transfer"]["sign_test"]
+    assert st["ties"] == 1 and st["positive"] + st["negative"] == 2   # a tie is left out of the sign test
+
+
+def test_the_label_distribution_covers_every_label():
+    d = label_distribution(_outcomes({f: 1.0 for f in ("default", "a", "b", "c")}), n_boot=50)
+    assert set(d) == set(LABELS) and sum(d.values()) == pytest.approx(1.0) and d["capability"] > 0.9
