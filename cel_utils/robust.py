@@ -14,7 +14,7 @@ battery asks each in turn, on items that took no part in choosing the heads:
 * :func:`text_nll`, :func:`other_tasks`: the cost on general English text and on the model's other tasks.
 
 Example:
-    >>> answer_of(" 79\n12 + 4")
+    >>> answer_of(" 79\\n12 + 4")
     '79'
 """
 
