@@ -25,6 +25,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``effects`` (per-class effects, flips), ``robust`` (is it a capability? formats, generation, ablation types)
 * ``battery`` (the checks run together on head sets, and the label rules)
 * ``verdict`` (choose, confirm, report on three splits)
+* ``landscape`` (chapter 1a's tables over many verdicts: costs, designs, equals, rank stability, the bridge)
 * ``mechanism`` (inside a head: its direct logits, the path split), ``attention`` (where it attends, by role)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)
 * ``theory`` (the toy model of chapter 3), ``dynamics`` (its early phase, derived and checked)

@@ -243,7 +243,7 @@ def test_tradeoff_against_a_hand_count():
     import pandas as pd
     from scipy.stats import hypergeom
 
-    from cel_utils.verdict import tradeoff
+    from cel_utils.landscape import tradeoff
 
     heads = [f"L0H{i}" for i in range(8)]
     a = [0.5, 0.4, 0.3, 0.2, 0.1, 0.05, -0.1, -0.2]   # six heads help A

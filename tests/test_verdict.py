@@ -12,7 +12,8 @@ from cel_utils.ablation import head_name, parse_heads
 from cel_utils.scoring import encode_task, plain_evaluate
 from cel_utils.tasks import load_task
 from cel_utils.ablation import format_set
-from cel_utils.verdict import single_head_verdict, verdict_markdown, verdict_table
+from cel_utils.landscape import verdict_markdown, verdict_table
+from cel_utils.verdict import single_head_verdict
 from tests.oracles import bh_q, holm_p, mcnemar_p
 
 
@@ -37,9 +38,9 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     # stage 2 by hand: exact McNemar on the confirm split, BH over the top_k
     enc_c = encode_task(lm, splits["confirm"])
     bc = plain_evaluate(lm, enc_c).correct[0]
-    fb = []
+    fb, ablated = [], {}
     for h in top:
-        a = plain_evaluate(lm, enc_c, [h]).correct[0]
+        a = ablated[head_name(h)] = plain_evaluate(lm, enc_c, [h]).correct[0]
         fb.append((int((~bc & a).sum()), int((bc & ~a).sum())))
     q = bh_q([mcnemar_p(f, k) for f, k in fb])
     confirmed = [head_name(h) for h, (f, k), qq in zip(top, fb, q) if qq < fdr and f > k]
@@ -61,6 +62,12 @@ def test_verdict_matches_a_hand_computation(monkeypatch, tiny_llama, splits):
     gains = {head_name(h): (f - k) / len(splits["confirm"]) for h, (f, k) in zip(top, fb)}
     best = max(confirmed, key=lambda h: gains[h])  # the confirmed head with the largest confirm gain
     assert row["chosen"] == best
+    # the chosen head's equals: each other confirmed head against it on the confirm items, exact test, Holm
+    others = [h for h in confirmed if h != best]
+    p_eq = [mcnemar_p(int((ablated[best] & ~ablated[h]).sum()), int((~ablated[best] & ablated[h]).sum())) for h in others]
+    eq = v.equals()
+    assert eq["heads"].tolist() == others and eq["p_holm"].to_numpy() == pytest.approx(holm_p(p_eq))
+    assert row["equals"].split(", ") == [best] + [h for h, q in zip(others, holm_p(p_eq)) if q >= 0.05]
     assert row["heldout_p_holm"] == pytest.approx(holm_p(p)[confirmed.index(best)])
     assert row["together_delta"] == pytest.approx(
         v.heldout.set_index("heads").loc[format_set(parse_heads(confirmed)), "heldout_delta_accuracy"])

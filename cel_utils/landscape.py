@@ -1,0 +1,197 @@
+"""Chapter 1a's tables over many verdicts: the verdict table and its sentences, what each chosen set costs on the
+model's other tasks, the power of other search designs, each chosen head's equals, the stability of the search's
+ranking over fresh windows (and the power model checked against it), chapter 2's verdict row, and the trade-off
+bridge to chapter 3.
+
+Example:
+    >>> worst_cost(None, None, "addition")
+    {}
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from .ablation import Ablation, Head, format_heads, parse_heads
+from .defaults import FDR, N_BOOT, POWER, POWER_GAIN
+from .joint import cross_task
+from .power import pipeline_power
+from .stats import min_detectable_gain
+from .tasks import Task
+from .verdict import Verdict, power_inputs
+
+
+def set_costs(lm, chosen: dict[str, tuple[str, Sequence[Head]]], tasks: dict[str, Task], n_items: int | None = None,
+              mode: str | Ablation = "zero", n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """Named head sets, each chosen for its own task (``{name: (own_task, heads)}``), removed while the model
+    does every task in ``tasks`` (the first ``n_items`` items of each): a tidy table (``own_task``, ``set``,
+    ``task``, ``delta_accuracy`` and its CI). Empty when nothing was chosen.
+
+    Example:
+        >>> set_costs(lm, {"L13H0": ("addition", [(13, 0)])}, {"ioi": ioi_heldout}, n_items=100)  # doctest: +SKIP
+    """
+    cols = ["own_task", "set", "task", "baseline", "accuracy", "delta_accuracy", "ci_low", "ci_high", "delta_margin"]
+    if not chosen:
+        return pd.DataFrame(columns=cols)
+    evals = {name: _first(t, n_items) for name, t in tasks.items()}
+    tab = cross_task(lm, {k: list(h) for k, (_, h) in chosen.items()}, evals, mode=mode, n_boot=n_boot, seed=seed)
+    tab.insert(0, "own_task", tab["set"].map({k: own for k, (own, _) in chosen.items()}))
+    return tab[cols]
+
+
+def cost_on_other_tasks(lm, verdicts: Sequence[Verdict], n_items: int | None = None, mode: str | Ablation = "zero",
+                        n_boot: int = N_BOOT, seed: int = 0) -> pd.DataFrame:
+    """:func:`set_costs` of each verdict's chosen set on the held-out split of every task of ``verdicts``."""
+    chosen = {v.chosen: (v.task, parse_heads(v.chosen)) for v in verdicts if v.confirmed}
+    return set_costs(lm, chosen, {v.task: v.splits["heldout"] for v in verdicts}, n_items, mode, n_boot, seed)
+
+
+def tradeoff(landscape: pd.DataFrame, confirmed: dict, value: str = "delta_margin") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Do the confirmed heads of task A hurt the model's other task B more often than other heads that help A?
+
+    The toy model of chapter 3 makes heads whose removal helps A *and* hurts B. ``landscape`` holds one row
+    per (model, task, head) with the single-head ablation change ``value`` (the screens of chapter 1a: the same
+    heads on every task of a model); ``confirmed`` maps ``(model, task)`` to that task's confirmed heads.
+    Returns ``points`` (every head: ``delta_a``, ``delta_b``, ``confirmed`` for A) and ``tests``, one row per
+    model and ordered task pair: among the heads whose removal helps A (``delta_a > 0``), how many of the
+    confirmed ones and how many of the others hurt B (``delta_b < 0``); Fisher's exact test, one-sided (confirmed
+    heads hurt B more often), with Holm's correction over the pairs tested. A pair without confirmed heads is
+    listed and not tested.
+
+    Example:
+        >>> points, tests = tradeoff(landscape, {("smollm2-135m", "addition"): ["L13H0"]})  # doctest: +SKIP
+    """
+    from scipy.stats import fisher_exact
+
+    from .stats import holm
+
+    points, rows = [], []
+    for model, g in landscape.groupby("model", sort=False):
+        wide = g.pivot_table(index="head", columns="task", values=value, sort=False)
+        for ta in wide.columns:
+            for tb in wide.columns:
+                if ta == tb:
+                    continue
+                conf = set(confirmed.get((model, ta), []))
+                pts = pd.DataFrame({"model": model, "task_a": ta, "task_b": tb, "head": wide.index,
+                                    "delta_a": wide[ta].to_numpy(), "delta_b": wide[tb].to_numpy()})
+                pts["confirmed"] = pts["head"].isin(conf)
+                points.append(pts)
+                helps = pts[pts.delta_a > 0]
+                c, o = helps[helps.confirmed], helps[~helps.confirmed]
+                k_c, k_o = int((c.delta_b < 0).sum()), int((o.delta_b < 0).sum())
+                row = {"model": model, "task_a": ta, "task_b": tb, "heads": len(pts), "help_a": len(helps),
+                       "confirmed": len(c), "confirmed_hurt_b": k_c, "others_help_a": len(o), "others_hurt_b": k_o,
+                       "share_confirmed": k_c / len(c) if len(c) else np.nan,
+                       "share_others": k_o / len(o) if len(o) else np.nan, "p_value": np.nan}
+                if len(c) and len(o):
+                    row["p_value"] = float(fisher_exact([[k_c, len(c) - k_c], [k_o, len(o) - k_o]],
+                                                        alternative="greater").pvalue)
+                rows.append(row)
+    tests = pd.DataFrame(rows)
+    tested = tests.p_value.notna()
+    tests["p_holm"] = np.nan
+    tests.loc[tested, "p_holm"] = holm(tests.loc[tested, "p_value"].to_numpy())
+    return (pd.concat(points, ignore_index=True) if points else pd.DataFrame()), tests
+
+
+def _first(task: Task, n: int | None) -> Task:
+    return task if n is None or n >= len(task) else replace(task, items=task.items[:n])
+
+
+def verdict_table(verdicts: Sequence[Verdict], cost: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The verdict rows of several (model, task) pairs as one table; with ``cost`` (from
+    :func:`cost_on_other_tasks`) each chosen set's worst change on the model's *other* tasks is added."""
+    tab = pd.DataFrame([v.row() for v in verdicts])
+    tab["worst_cost_task"], tab["cost_delta"], tab["cost_ci_low"], tab["cost_ci_high"] = None, np.nan, np.nan, np.nan
+    if cost is None or cost.empty:
+        return tab
+    for i, r in tab.iterrows():
+        w = worst_cost(cost[cost["model"] == r["model"]] if "model" in cost else cost, r["chosen"], r["task"])
+        for k, v in w.items():
+            tab.loc[i, k] = v
+    return tab
+
+
+def worst_cost(cost: pd.DataFrame, chosen: str | None, own_task: str) -> dict:
+    """The chosen set's most negative change on a task other than its own (from :func:`set_costs`), as the verdict
+    columns ``worst_cost_task``, ``cost_delta``, ``cost_ci_low``, ``cost_ci_high``; empty when there is none."""
+    if cost is None or cost.empty or chosen is None:
+        return {}
+    other = cost[(cost["set"] == chosen) & (cost["own_task"] == own_task) & (cost["task"] != own_task)]
+    if other.empty:
+        return {}
+    w = other.loc[other["delta_accuracy"].idxmin()]
+    return {"worst_cost_task": w["task"], "cost_delta": float(w["delta_accuracy"]), "cost_ci_low": float(w["ci_low"]),
+            "cost_ci_high": float(w["ci_high"])}
+
+
+def verdict_markdown(table: pd.DataFrame) -> str:
+    """The verdict table as markdown sentences, one per pair (for a code cell to display: numbers from the run)."""
+    lines = []
+    for r in table.itertuples():
+        lines.append(f"- **{r.model} / {r.task}** (accuracy {r.baseline:.3f} on {r.n_confirm} confirm items; "
+                     f"{r.n_search} search, {r.n_heldout} held-out): {r.verdict}"
+                     + (f"; on {r.worst_cost_task} it changes accuracy by {r.cost_delta:+.3f} "
+                        f"[{r.cost_ci_low:+.3f}, {r.cost_ci_high:+.3f}]." if isinstance(r.worst_cost_task, str)
+                        else "."))
+    return "\n".join(lines)
+
+
+def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: float = POWER) -> dict:
+    """One verdict row for a joint search (:class:`cel_utils.joint.JointSearch`): the chosen set (chosen on
+    the search and confirm splits), its held-out gain with CI and Holm-adjusted p, the selection-aware control's
+    percentile, the worst change on another task (from :func:`cost_on_other_tasks`-shaped ``cost``), and the
+    minimum detectable gain of the confirmation (BH over the sizes confirmed)."""
+    b = js.best
+    mde = min_detectable_gain(js.n_confirm, fdr / max(len(b), 1), float(np.median(b["confirm_breaks"])) / js.n_confirm,
+                              power)
+    r = js.run.row()
+    row = {"model": js.model, "task": js.task, "pool": format_heads(js.pool), "n_search": js.n_search,
+           "n_confirm": js.n_confirm, "n_heldout": js.n_heldout, "baseline": float(b["heldout_baseline"].iloc[0]),
+           "chosen": r["chosen"], "confirm_delta": r["confirm_delta"], "heldout_delta": r["heldout_delta"],
+           "heldout_ci_low": r["ci_low"], "heldout_ci_high": r["ci_high"], "heldout_p_holm": r["p_holm"],
+           "holds": r["holds"], "pool_percentile": js.pool_percentile(), "mde": mde,
+           "random_pools": len(js.pool_control), "pools_better": r["control_better"],
+           "worst_cost_task": None, "cost_delta": np.nan, "cost_ci_low": np.nan, "cost_ci_high": np.nan}
+    if r["chosen"] is None:
+        row["verdict"] = ("not detected: no best-by-search set was confirmed; one with a gain >= "
+                          f"{mde:.3f} would have been with {power:.0%} power" if np.isfinite(mde) else
+                          "not detected: the confirm items could not detect any gain")
+        return row
+    row.update(worst_cost(cost, r["chosen"], js.task))
+    gains = js.pool_control["heldout_delta_accuracy"].to_numpy()
+    pools = (f"{r['control_better']} of {len(gains)} random pools put through the same pipeline chose a set with a "
+             f"larger held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
+             "that confirms nothing counts as 0)" if len(gains) else "no random pool was run")
+    row["verdict"] = f"{js.run.sentence()}; {pools}"
+    return row
+
+
+def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: int = 1000) -> pd.DataFrame:
+    """The power of the whole pipeline at ``POWER_GAIN`` (breaking as much as the worst re-tested head) for other
+    search designs, estimated from this verdict's own screen (:func:`cel_utils.power.pipeline_power` with
+    ``n_draw`` search items and ``top_k`` re-tested heads), beside their cost in CPU minutes scaled from this run's
+    own timings (the search screen's time per item, the confirmation's time per re-tested head). A design with
+    more search items than the screen has is ``extrapolated`` (the draws repeat its items). A ``top_k`` that
+    leaves no screened head outside the top ``2 * top_k`` (a screen of a few layers) has no row: there is no head
+    to plant the gain into."""
+    n_s, k0 = len(v.splits["search"]), len(v.confirm)
+    top_ks = [k for k in top_ks if 2 * k < len(v.screen.results.margin)]
+    n_c, n_h = len(v.splits["confirm"]), len(v.splits["heldout"])
+    b_max = v.power["break_rate_worst"]
+    conf_secs = v.confirm_comparison.results.seconds or 0.0
+    rows = []
+    for k in top_ks:
+        for m in n_draws:
+            d = v.run.design.with_(n_confirm=n_c, n_heldout=n_h, top_k=k, seed=0)
+            t = pipeline_power(power_inputs(v.screen, v.run), d, [POWER_GAIN], [b_max], match_spread=True,
+                               n_sim=n_sim, n_draw=m).iloc[0]
+            rows.append({"model": v.model, "task": v.task, "n_search": m, "top_k": k, "power": t["power"],
+                         "p_rank": t["p_rank"], "cpu_minutes": (v.screen.seconds * m / n_s + conf_secs * k / k0) / 60,
+                         "extrapolated": m > n_s, "this_run": m == n_s and k == k0})
+    return pd.DataFrame(rows)
