@@ -195,3 +195,61 @@ def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: i
                          "p_rank": t["p_rank"], "cpu_minutes": (v.screen.seconds * m / n_s + conf_secs * k / k0) / 60,
                          "extrapolated": m > n_s, "this_run": m == n_s and k == k0})
     return pd.DataFrame(rows)
+
+
+def rank_stability(lm, task_name: str, heads: Sequence[Head], n_search: int, windows: int, top_k: int,
+                   rank_dtype: str = "float32", seed: int = 0) -> pd.DataFrame:
+    """How stable the search's ranking is: the single-head screen (in ``rank_dtype``) on ``windows`` fresh windows of
+    the search split, each ``n_search`` items after the verdict's own first ``n_search`` (items ``n_search * w`` to
+    ``n_search * (w + 1) - 1`` for ``w = 1..windows``), and for every head how often it ranks in the top ``top_k``
+    by the change in mean margin. Columns ``head``, ``top_k_share`` (of the windows), ``windows``, and per window
+    ``rank_<w>`` (1 = best).
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> t = rank_stability(tiny_model("llama"), "ioi", [(0, 0), (0, 1), (1, 2)], 4, 2, 1)
+        >>> float(t["top_k_share"].sum())   # one head per window in the top 1, two windows
+        1.0
+    """
+    from .models import cast
+    from .screening import screen
+    from .tasks import load_task
+
+    full = load_task(task_name, "search", seed=seed)
+    ranker = cast(lm, rank_dtype)
+    ranks = {}
+    for w in range(1, windows + 1):
+        items = full.items[n_search * w:n_search * (w + 1)]
+        if len(items) < n_search:
+            break
+        sc = screen(ranker, replace(full, items=items), heads=list(heads), progress=False)
+        order = sc.top(len(sc.heads))["head"].tolist()
+        ranks[w] = {h: i + 1 for i, h in enumerate(order)}
+    names = [f"L{l}H{h}" for l, h in heads]
+    out = pd.DataFrame({"head": names})
+    for w, r in ranks.items():
+        out[f"rank_{w}"] = [r[n] for n in names]
+    cols = [f"rank_{w}" for w in ranks]
+    out["top_k_share"] = (out[cols] <= top_k).mean(axis=1) if cols else np.nan
+    out["windows"] = len(cols)
+    return out
+
+
+def power_check(v: Verdict, stability: pd.DataFrame, n_sim: int = 1000) -> pd.DataFrame:
+    """The power model's search stage against real heads: for each confirmed head, the probability the model gives
+    it of ranking in the top ``top_k`` (``p_rank`` of :func:`cel_utils.power.pipeline_power` planted at the head's
+    own confirm gain and break rate) beside the share of fresh search windows in which it did
+    (:func:`rank_stability`). Columns ``head``, ``confirm_gain``, ``break_rate``, ``modelled_p_rank``,
+    ``observed_top_k_share``, ``windows``."""
+    rows = []
+    conf = v.confirm.set_index("heads")
+    share = stability.set_index("head")
+    d = v.run.design.with_(n_confirm=v.run.n_confirm, n_heldout=max(v.run.n_heldout, 1), top_k=len(conf), seed=0)
+    for h in v.confirmed:
+        g, b = float(conf.loc[h, "confirm_delta_accuracy"]), float(conf.loc[h, "confirm_breaks"]) / v.run.n_confirm
+        t = pipeline_power(power_inputs(v.screen, v.run), d, [max(g, 0.0)], [b], match_spread=True, n_sim=n_sim).iloc[0]
+        rows.append({"model": v.model, "task": v.task, "head": h, "confirm_gain": g, "break_rate": b,
+                     "modelled_p_rank": t["p_rank"], "observed_top_k_share": float(share.loc[h, "top_k_share"]),
+                     "windows": int(share.loc[h, "windows"])})
+    return pd.DataFrame(rows, columns=["model", "task", "head", "confirm_gain", "break_rate", "modelled_p_rank",
+                                       "observed_top_k_share", "windows"])

@@ -1,0 +1,43 @@
+"""Chapter 1a's tables over many verdicts (cel_utils.landscape): the stability of the search's ranking over fresh
+windows against screens made here, and the power model's search stage beside it."""
+
+import numpy as np
+
+from cel_utils.landscape import power_check, rank_stability
+
+
+def test_rank_stability_counts_each_windows_top_k(tiny_llama, monkeypatch):
+    """Each window's ranks equal a screen of those items made here (the engine, cache off), and a head's share is
+    how many windows put it in the top k."""
+    from dataclasses import replace
+
+    from cel_utils.screening import screen
+    from cel_utils.tasks import load_task
+
+    monkeypatch.setenv("CEL_NO_CACHE", "1")
+    heads = [(0, 0), (0, 3), (1, 1), (2, 2), (2, 3)]
+    t = rank_stability(tiny_llama, "ioi", heads, n_search=6, windows=3, top_k=2)
+    full = load_task("ioi", "search")
+    tops = []
+    for w in (1, 2, 3):
+        sc = screen(tiny_llama, replace(full, items=full.items[6 * w:6 * (w + 1)]), heads=heads, progress=False)
+        order = sc.top(len(heads))["head"].tolist()
+        assert t[f"rank_{w}"].tolist() == [order.index(h) + 1 for h in t["head"]]
+        tops.append(set(order[:2]))
+    assert t["top_k_share"].tolist() == [np.mean([h in s for s in tops]) for h in t["head"]]
+    assert (t["windows"] == 3).all() and t["top_k_share"].sum() == 2.0
+
+
+def test_power_check_sets_the_model_beside_the_windows(tiny_llama):
+    """For a verdict with confirmed heads, one row per confirmed head: the modelled p_rank (a probability) beside
+    the observed share of windows."""
+    from cel_utils.tasks import load_task
+    from cel_utils.verdict import single_head_verdict
+
+    splits = {s: load_task("ioi", s, n=n) for s, n in (("search", 12), ("confirm", 60), ("heldout", 60))}
+    v = single_head_verdict(tiny_llama, splits, top_k=2, fdr=1.01, power_sims=0)
+    heads = [(int(r.layer), int(r.head_index)) for r in v.screen.top(len(v.screen.heads)).itertuples()]
+    st = rank_stability(tiny_llama, "ioi", heads, n_search=12, windows=2, top_k=2)
+    pc = power_check(v, st, n_sim=100)
+    assert pc["head"].tolist() == v.confirmed
+    assert ((pc.modelled_p_rank >= 0) & (pc.modelled_p_rank <= 1)).all() and (pc.windows == 2).all()
