@@ -453,3 +453,29 @@ def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figur
                       xaxis_title="change in held-out accuracy (own task)",
                       yaxis_title="change in NLL per token, general text (nats)", height=420, width=width)
     return fig
+
+
+def rank_stability(df: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Each head's rank (1 = best) on every fresh search window, one panel row per (model, task) of ``df`` (the
+    tidy table of :func:`cel_utils.landscape.rank_stability` with ``model``, ``task``, ``head``, ``rank_<w>`` and
+    ``top_k_share``), the confirmed heads marked; lines join a head's ranks across windows.
+
+    Example:
+        >>> t = pd.DataFrame({"model": "m", "task": "t", "head": ["L0H1", "L1H0"], "rank_1": [1, 2],
+        ...                   "rank_2": [2, 1], "top_k_share": [1.0, 1.0], "confirmed": [True, False]})
+        >>> [tr.name for tr in rank_stability(t).data]
+        ['m · t · L0H1 (confirmed)', 'm · t · L1H0']
+    """
+    fig = go.Figure()
+    cols = [c for c in df.columns if c.startswith("rank_")]
+    for r in df.to_dict("records"):
+        name = f"{r['model']} · {r['task']} · {r['head']}" + (" (confirmed)" if r.get("confirmed") else "")
+        fig.add_scatter(x=[int(c.split("_")[1]) for c in cols], y=[r[c] for c in cols], mode="lines+markers",
+                        name=name, line=dict(dash="solid" if r.get("confirmed") else "dot"),
+                        hovertemplate=f"{name}<br>window %{{x}}: rank %{{y}}<extra></extra>")
+    fig.update_layout(title=title or "ranks of the top heads on fresh search windows (1 = best)",
+                      xaxis=dict(title="fresh search window", tickmode="array",
+                                 tickvals=[int(c.split("_")[1]) for c in cols]),
+                      yaxis=dict(title="rank by change in mean margin", autorange="reversed", type="log"),
+                      height=420)
+    return fig
