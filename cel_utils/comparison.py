@@ -40,7 +40,8 @@ class SelectorComparison:
     95% CI (``heldout_ci_low``, ``heldout_ci_high``), ``heldout_delta_margin``.
     ``summary``: one row per selector: ``area`` (the mean held-out gain over ``k = 1..max_k``: the area under the
     curve divided by ``max_k``) with a bootstrap CI over items, ``area_vs_pool`` (its difference from the pool
-    search's area, paired over items, with a CI), ``best_k`` and ``best_gain``, the cost of choosing
+    search's area, paired over items, with a CI), ``best_k`` (the size with the largest confirm gain, chosen before
+    any held-out figure is read) and ``best_gain`` (its held-out gain), the cost of choosing
     (``forward_equivalents``: clean full forwards over the search items, a backward pass counting two; ``seconds``:
     wall time on this CPU, for a result read back from the cache the time it took when computed;
     ``n_evaluations``), and the pipeline's choice: ``chosen`` (confirmed on the confirm split), ``chosen_size``,
@@ -104,7 +105,9 @@ class SelectorComparison:
                 f"accuracy by {c['heldout_delta_accuracy']:+.3f} [{c['heldout_ci_low']:+.3f}, "
                 f"{c['heldout_ci_high']:+.3f}], Holm p = {c['heldout_p_holm']:.2g} "
                 f"({'holds' if c['holds'] else 'does not hold'}); {self.pipeline.control_better()} of {len(ctrl)} "
-                f"random rankings put through the same pipeline chose a set with a larger held-out gain. The "
+                f"random rankings put through the same pipeline chose a set with a larger held-out gain"
+                + (f" (with {len(ctrl)} rankings the control is an illustration, not a test: the smallest p-value it "
+                   f"could give is {1 / (len(ctrl) + 1):.2f})" if len(ctrl) < 20 else "") + ". The "
                 f"pool search's set of the same size, {pr['heads']}, changes it by "
                 f"{pr['heldout_delta_accuracy']:+.3f} [{pr['heldout_ci_low']:+.3f}, {pr['heldout_ci_high']:+.3f}]. ")
 
@@ -234,13 +237,27 @@ def _grade(ctx, offers, per_set, base, runs, pool_size) -> tuple[pd.DataFrame, p
     for label, dd in item_delta.items():
         area = bootstrap_mean(dd, d.n_boot, d.seed)
         vs = bootstrap_mean(dd - item_delta["pool search"], d.n_boot, d.seed)
-        best = int(np.argmax(curves[label]))
+        best = best_k(runs.get(label))
         summary.append({"model": ctx.lm.name, "task": ctx.search.name, "selector": label, "area": area[0],
                         "area_ci_low": area[1], "area_ci_high": area[2], "area_vs_pool": vs[0],
-                        "area_vs_pool_ci_low": vs[1], "area_vs_pool_ci_high": vs[2], "best_k": best + 1,
-                        "best_gain": float(curves[label][best]), **offers[label].cost,
+                        "area_vs_pool_ci_low": vs[1], "area_vs_pool_ci_high": vs[2], "best_k": best,
+                        "best_gain": float(curves[label][best - 1]) if best else np.nan, **offers[label].cost,
                         **_choice(runs.get(label))})
     return pd.DataFrame(rows), pd.DataFrame(summary)
+
+
+def best_k(r: Run | None) -> int | None:
+    """The size whose set gained most on the confirm split (ties: the smaller), chosen before its held-out figure
+    is read; None for the random selector (it has no run of its own: it is the control).
+
+    Example:
+        >>> best_k(None) is None
+        True
+    """
+    if r is None:
+        return None
+    off = r.offered()
+    return int(off["size"].iloc[int(np.argmax(off["confirm_delta_accuracy"].to_numpy()))])
 
 
 def _choice(r: Run | None) -> dict:
