@@ -5,6 +5,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``errors``, ``defaults``, ``design``, ``io`` -- the one error type, every default, the shared ``Design`` of a
   run (split sizes, error rates, ablation, bootstrap, seed), atomic JSON output
 * ``records`` (the one reader of the chapters' records: a pair's verdict, chosen sets, labels, selectors)
+* ``findings`` (the book's answer to its own question, written from the records)
 * ``hooks`` (model internals: per-family layout, named points, hooks always removed), ``cache`` (on-disk results)
 * ``models`` (loading), ``tiny`` (tiny random models for tests and exercise checks), ``tasks`` (built-in, JSONL)
 * ``formats`` (each task's items asked in eight meaning-preserving prompt formats)

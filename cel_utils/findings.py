@@ -1,0 +1,74 @@
+"""The book's answer to its own question, written from the chapters' records (:mod:`cel_utils.records`): per model,
+whether removing one head makes it better at a task on items that chose nothing, what the battery calls each such
+head (with how often its rule is right on planted truths), and what the pipeline could not have seen.
+
+Example:
+    >>> import tempfile
+    >>> bottom_line(Records(tempfile.mkdtemp()))
+    ['Chapter 1a has not run: there is no verdict to summarise.']
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .defaults import POWER_GAIN
+from .records import Records
+
+
+def _oc_phrase(b: dict) -> str:
+    oc = pd.DataFrame(b.get("operating_characteristics") or [])
+    if oc.empty:
+        return ""
+    oc = oc.set_index("truth")
+    return (f"; on planted truths at those items the rule calls a true capability of gain {POWER_GAIN:.2f} one "
+            f"{oc.loc['capability', 'capability']:.0%} of the time and a null one "
+            f"{oc.loc['null', 'capability']:.0%}")
+
+
+def _chosen_label(rec: Records, model: str, task: str, head: str) -> str:
+    bats = [b for b in rec.raw.get("01c_capability", {}).get("batteries", [])
+            if (b["model"], b["task"], b["heads"], b["role"]) == (model, task, head, "chosen head")]
+    if not bats:
+        return "; chapter 1c did not test it"
+    b = bats[0]
+    share = b.get("label_distribution", {}).get(b["label"], np.nan)
+    return (f"; chapter 1c labels it **{b['label']}** on {b['n']} fresh items (the same label on {share:.0%} of item "
+            f"resamples{_oc_phrase(b)})")
+
+
+def model_line(rec: Records, model: str, v: pd.DataFrame) -> str:
+    """One model's answer: its localized pairs with the chosen head's held-out gain and label, and its pairs where
+    nothing was found, with the pipeline's power there."""
+    held, missed = v[v.holds], v[~v.holds]
+    parts = [f"**{model}**: removing one head raises held-out accuracy in {len(held)} of its {len(v)} tasks"]
+    for r in held.itertuples():
+        parts.append(f"{r.task}: {r.chosen} changes it by {r.heldout_delta:+.3f} [{r.heldout_ci_low:+.3f}, "
+                     f"{r.heldout_ci_high:+.3f}] on {r.n_heldout} held-out items"
+                     + (f" (first of {int(r.n_equals)} confirmed heads it cannot be told apart from)"
+                        if getattr(r, "n_equals", 0) and r.n_equals > 1 else "")
+                     + _chosen_label(rec, model, r.task, r.chosen))
+    for r in missed.itertuples():
+        room = 1 - r.baseline
+        parts.append(f"{r.task}: nothing localized, " + (
+            f"where a head of gain {POWER_GAIN:.2f} would have been found with probability {r.pipeline_power:.2f}"
+            if np.isfinite(r.pipeline_power) else f"and no room to test: the baseline leaves {room:.2f} to gain"))
+    return parts[0] + ". " + "; ".join(parts[1:]) + "."
+
+
+def bottom_line(rec: Records) -> list[str]:
+    """The book's answer per model (markdown lines), every number from the records, each saying which items it
+    is on."""
+    v = rec.verdicts()
+    if v.empty:
+        return ["Chapter 1a has not run: there is no verdict to summarise."]
+    lines = [model_line(rec, m, g) for m, g in v.groupby("model", sort=False)]
+    labels = rec.labels()
+    chosen = labels[labels.role == "chosen head"] if len(labels) else labels
+    if len(chosen):
+        n_cap = int((chosen.label == "capability").sum())
+        lines.append(f"**So:** {n_cap} of the {len(chosen)} heads whose removal helps on held-out items passes the "
+                     "battery as a capability; the others' gains depend on what their label names (the task's own "
+                     "prompt, a constant the head adds, teacher forcing, a cost) or the items could not tell.")
+    return lines
