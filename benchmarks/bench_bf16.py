@@ -8,6 +8,9 @@ bfloat16 (``cel_utils.models.cast``), both computed here (the result cache is of
 process. Prints the wall-time ratio (float32 / bfloat16), the Spearman correlation of the per-head changes in
 mean margin, the overlap of the top 10 heads by that change (the ranking the verdict uses), and the unablated
 accuracy in each dtype (bfloat16 moves it: a ranker, not a reporter: every number a reader sees stays float32).
+On a CPU without native bfloat16 products (``cel_utils.models.native_bfloat16()`` False, e.g. an AVX2-only AMD
+EPYC) the ratio is far below 1 (bfloat16 emulated, tens of times slower) and a full screen takes hours: the book
+ranks in float32 there by default.
 """
 
 from __future__ import annotations
