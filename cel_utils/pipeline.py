@@ -278,7 +278,7 @@ def run(lm, encs: dict, offer: dict[str, Sequence[Head]], design: Design, policy
             sets[c] = np.nan
     sets["holds"] = sets["holds"].fillna(False).astype(bool)
     ctrl = control(lm, encs, control_offers, design, control_labels) if control_offers is not None else None
-    out = Run(model=lm.name, task=getattr(getattr(encs["confirm"], "task", None), "name", ""), selector=selector,
+    out = Run(model=lm.name, task=encs["confirm"].name, selector=selector,
               design=design, sets=sets, confirm_comparison=conf_cmp, heldout_comparison=held_cmp,
               n_search=encs["search"].n_items if "search" in encs else 0)
     if ctrl is not None:

@@ -54,6 +54,7 @@ class EncodedTask:
     read_choice: np.ndarray  # [read] (0 for em)
     full: list[tuple[int, int, list[int], int]] = field(default_factory=list)  # (item, choice, whole, n_ctx)
     continues: torch.Tensor | None = None  # [vocab] bool: tokens that would continue an answer (em)
+    name: str = ""  # the task's name (not part of the result-cache key: it changes no number)
 
     @property
     def n_reads(self) -> int:
@@ -154,7 +155,8 @@ def encode_task(lm, task) -> EncodedTask:
     a = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     return EncodedTask(kind=task.kind, n_items=len(task.items), answers=a(answers), n_choices=a(n_choices),
                        inputs=inputs, read_seq=a(rs), read_pos=a(rp), read_tok=a(rt), read_item=a(ri),
-                       read_choice=a(rc), full=full, continues=continuation_mask(tok) if em else None)
+                       read_choice=a(rc), full=full, continues=continuation_mask(tok) if em else None,
+                       name=task.name)
 
 
 @dataclass

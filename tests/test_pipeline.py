@@ -41,6 +41,7 @@ def test_pipeline_statistics_match_the_oracles(pair):
     assert len(gp.control) == 2 and 0 <= gp.control_percentile() <= 100
     rec = json.loads(json.dumps(gp.record()))
     assert rec["chosen"] == gp.chosen()["heads"] and rec["selector"] == "learned gates"
+    assert rec["task"] == splits["confirm"].name != ""   # the task's name survives encoding
     assert len(lg.record()["values"]) == len(all_heads(lm)) * len(lg.inits)   # a row per head and run
 
 
