@@ -183,6 +183,7 @@ class Run:
     control: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(
         columns=["replicate", "chosen", "heldout_delta_accuracy"]))
     n_search: int = 0
+    heldout_items: int = 0   # the held-out split's size (graded or not: nothing confirmed leaves it untouched)
 
     @property
     def n_confirm(self) -> int:
@@ -190,7 +191,10 @@ class Run:
 
     @property
     def n_heldout(self) -> int:
-        return 0 if self.heldout_comparison is None else int(self.heldout_comparison.baseline.correct.shape[1])
+        """The held-out split's size, whether or not any set reached it."""
+        if self.heldout_comparison is None:
+            return self.heldout_items
+        return int(self.heldout_comparison.baseline.correct.shape[1])
 
     def offered(self) -> pd.DataFrame:
         return self.sets[self.sets.offered.astype(bool)]
@@ -280,7 +284,7 @@ def run(lm, encs: dict, offer: dict[str, Sequence[Head]], design: Design, policy
     ctrl = control(lm, encs, control_offers, design, control_labels) if control_offers is not None else None
     out = Run(model=lm.name, task=encs["confirm"].name, selector=selector,
               design=design, sets=sets, confirm_comparison=conf_cmp, heldout_comparison=held_cmp,
-              n_search=encs["search"].n_items if "search" in encs else 0)
+              n_search=encs["search"].n_items if "search" in encs else 0, heldout_items=encs["heldout"].n_items)
     if ctrl is not None:
         out.control = ctrl
     return out
