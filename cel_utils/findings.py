@@ -27,6 +27,29 @@ def _oc_phrase(b: dict) -> str:
             f"{oc.loc['null', 'capability']:.0%}")
 
 
+def _num(x) -> bool:
+    return x is not None and np.isfinite(x)
+
+
+def label_phrase(r) -> str:
+    """What chapter 1c's battery says about one head set (a row of :meth:`Records.labels`): its label, how often
+    item resamples give the same one, and each check's estimate.
+
+    Example:
+        >>> r = pd.Series({"label": "offset", "label_share": 0.71, "gain": 0.12, "transfer_est": 0.05,
+        ...                "survives_est": -0.01, "generation_est": None})
+        >>> label_phrase(r)
+        'labelled **offset** (the same label on 71% of item resamples): +0.120 in its own format, +0.050 over the other formats with room, -0.010 under mean or resample ablation'
+    """
+    bits = [f"{r['gain']:+.3f} in its own format"]
+    for k, what in (("transfer_est", "over the other formats with room"),
+                    ("survives_est", "under mean or resample ablation"), ("generation_est", "in free generation")):
+        if _num(r.get(k)):
+            bits.append(f"{r[k]:+.3f} {what}")
+    share = f" (the same label on {r['label_share']:.0%} of item resamples)" if _num(r.get("label_share")) else ""
+    return f"labelled **{r['label']}**{share}: " + ", ".join(bits)
+
+
 def _chosen_label(rec: Records, model: str, task: str, head: str) -> str:
     bats = [b for b in rec.raw.get("01c_capability", {}).get("batteries", [])
             if (b["model"], b["task"], b["heads"], b["role"]) == (model, task, head, "chosen head")]

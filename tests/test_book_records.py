@@ -258,7 +258,7 @@ def test_joint_search_records(staged):
         assert n_runs == 2 and len(gates["gates"]["gates"]["loss_curve"]) == 2 * n_runs  # 2 steps per run in CI
         assert len(gates["gates"]["sets"]) == 2
         # the section ran on the model cast to selector_dtype, and the record says which
-        assert gs["dtype"] is None and r["parameters"]["selector_dtype"] == "bfloat16"
+        assert gs["dtype"] is None and r["parameters"]["selector_dtype"] == "float32"   # the default (see 1b)
         # every selector went through the pipeline; its choice sits among the random selector's (the control)
         for s in summary:
             assert s["chosen"] is None or 0 <= s["control_percentile"] <= 100
@@ -350,7 +350,7 @@ def test_joint_search_chapter_in_mean_mode(tiny_folder, tmp_path):
 
 
 def test_cel_verdict_reproduces_chapter_1a(staged, tmp_path):
-    """`cel verdict` at chapter 1a's (CI) parameters (its bfloat16 ranking screen included) gives the chapter's
+    """`cel verdict` at chapter 1a's (CI) parameters (its ranking screen's dtype included) gives the chapter's
     row for SmolLM2 / addition: the same confirmed heads (in the same order), chosen head, held-out figures, MDEs and pipeline power (the same simulations: same seed)."""
     from cel_utils.cli import main
 
@@ -359,7 +359,8 @@ def test_cel_verdict_reproduces_chapter_1a(staged, tmp_path):
     assert main(["verdict", "--model", "smollm2-135m", "--task", "addition", "--heads", p["screen_heads"],
                  "--n-search", str(p["n_search"]), "--n-confirm", str(p["n_confirm"]), "--n-heldout",
                  str(p["n_heldout"]), "--top-k", str(p["top_k"]), "--fdr", str(p["fdr"]), "--power-sims",
-                 str(p["power_sims"]), "--rank-dtype", "bfloat16", "--out", str(out)]) == 0
+                 str(p["power_sims"]), "--rank-dtype", record(staged, "01a_landscape")["parameters"]["rank_dtype"],
+                 "--out", str(out)]) == 0
     got = json.loads(out.read_text())["row"]
     want = next(v for v in record(staged, "01a_landscape")["verdict"]
                 if (v["model"], v["task"]) == ("smollm2-135m", "addition"))
