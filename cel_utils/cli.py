@@ -15,6 +15,7 @@
                [--power-sims N] [--out F]
     cel robust --model M --task T --heads L13H0[,L19H4] [--split heldout | --items heldout:200,confirm:200] [--n N]
                [--seed S] [--out F]
+    cel calibrate --model M [--tasks variants|T1,T2,...] [--n N] [--band LOW,HIGH] [--per-model K] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
     cel exercises list
@@ -49,7 +50,7 @@ def cmd_tasks(args):
     from .tasks import list_tasks
 
     for t in list_tasks():
-        print(f"{t['name']:13s} {t['kind']}  {t['description']}")
+        print(f"{t['name']:20s} {t['kind']}  {t['description']}" + (f" [{t['knob']}]" if t["knob"] else ""))
 
 
 def cmd_eval(args):
@@ -198,6 +199,32 @@ def cmd_theory(args):
     emit(dynamics.run_record(res), args.out)
 
 
+def cmd_calibrate(args):
+    """Each candidate task's unablated accuracy on its search split (nothing else is read), kept when it lies in
+    the band; the picked tasks per model (:mod:`cel_utils.calibration`)."""
+    from .calibration import calibrate, candidates, pick
+    from .models import load_model
+    from .tasks import BUILTIN_TASKS
+
+    check_out(args.out)
+    try:
+        band = tuple(float(x) for x in args.band.split(","))
+    except ValueError:
+        raise CELError(f"--band must be LOW,HIGH (two numbers), got {args.band!r}") from None
+    if len(band) != 2 or not 0 <= band[0] < band[1] <= 1:
+        raise CELError(f"--band must be LOW,HIGH with 0 <= LOW < HIGH <= 1, got {args.band!r}")
+    if args.n < 1 or args.per_model < 1:
+        raise CELError("--n and --per-model must be at least 1")
+    names = candidates() if args.tasks == "variants" else [t for t in args.tasks.split(",") if t]
+    unknown = [n for n in names if n not in BUILTIN_TASKS]
+    if unknown:
+        raise CELError(f"unknown task {unknown[0]!r}; built-in tasks: {', '.join(BUILTIN_TASKS)}")
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    tab = calibrate(lm, names, n=args.n, band=band, seed=args.seed, progress=False)
+    emit({"model": args.model, "split": "search", "n": args.n, "band": list(band), "seed": args.seed,
+          "tasks": tab.to_dict("records"), "picked": pick(tab, args.per_model).get(lm.name, [])}, args.out)
+
+
 def cmd_exercises(args):
     """``list``: the checked exercises, one a line; ``check NOTEBOOK``: grade a learner's notebook offline, one
     line per exercise (PASS, FAIL or MISSING); exit status 1 when a present exercise fails."""
@@ -215,7 +242,8 @@ def cmd_exercises(args):
 
 
 COMMANDS = {"models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
-            "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "explain": cmd_explain,
+            "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate,
+            "explain": cmd_explain,
             "theory": cmd_theory, "exercises": cmd_exercises}
 
 

@@ -173,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("--out", default=None)
     add_verdict(sub)
     add_robust(sub)
+    add_calibrate(sub)
     x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
     common(x)
     x.add_argument("--head", required=True, help="one head, e.g. L13H0")
@@ -187,6 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
     exc = ex_sub.add_parser("check", help="grade a notebook's exercise functions (the notebook itself is not run)")
     exc.add_argument("notebook", help="a learner's .ipynb file")
     return p
+
+
+def add_calibrate(sub) -> None:
+    """``cel calibrate``: which candidate tasks leave room, on the search split only."""
+    c = sub.add_parser("calibrate", help="which tasks leave room: each candidate's accuracy on its search split")
+    c.add_argument("--model", required=True, help="built-in name, local folder or Hugging Face id")
+    c.add_argument("--tasks", default="variants",
+                   help="comma-separated built-in tasks, or 'variants' (every family's base task and variants)")
+    c.add_argument("--n", type=int, default=defaults.CALIBRATION_ITEMS, help="search items per task")
+    c.add_argument("--band", default=",".join(map(str, defaults.CALIBRATION_BAND)),
+                   help="LOW,HIGH: the accuracies that leave room (default %(default)s)")
+    c.add_argument("--per-model", type=int, default=4, help="tasks picked (one per family first)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default=None, help="write JSON here (default: stdout)")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
 
 
 def check_out(path: str | None) -> None:

@@ -98,3 +98,9 @@ def progress_enabled(progress: bool = True) -> bool:
     """Whether to draw a progress bar: ``progress``, unless ``CEL_PROGRESS=0`` (set while the book's chapters
     are executed, so that no bar is left in the rendered pages; a live notebook still shows them)."""
     return bool(progress) and os.environ.get("CEL_PROGRESS", "1") != "0"
+
+# Tasks with room (cel_utils.calibration, cel calibrate, chapter 1a): a variant is used when the unablated model's
+# accuracy on its first CALIBRATION_ITEMS search items lies in CALIBRATION_BAND (read before any head is screened)
+CALIBRATION_BAND = (0.25, 0.75)
+CALIBRATION_ITEMS = 32
+ROOM_BAND = (0.2, 0.8)   # a verdict pair "has room" when its confirm baseline lies here

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .defaults import POWER_GAIN
+from .defaults import POWER_GAIN, ROOM_BAND
 from .records import Records
 
 
@@ -80,13 +80,36 @@ def model_line(rec: Records, model: str, v: pd.DataFrame) -> str:
     return parts[0] + ". " + "; ".join(parts[1:]) + "."
 
 
+def families_on_room(v: pd.DataFrame, band: tuple[float, float] = ROOM_BAND) -> str:
+    """The two families compared on the pairs where a gain could show (confirm baseline in ``band``): how many
+    localize, and the pipeline's power there, per model.
+
+    Example:
+        >>> v = pd.DataFrame({"model": ["a", "a", "b"], "task": ["x", "y", "z"], "baseline": [0.5, 0.97, 0.4],
+        ...                   "holds": [True, False, False], "pipeline_power": [0.9, 0.0, 0.7]})
+        >>> families_on_room(v)
+        '**On pairs with room** (confirm baseline in [0.2, 0.8]): a localizes a head in 1 of 1 (pipeline power at 0.10: 0.90); b in 0 of 1 (0.70). Without room: a / y.'
+    """
+    room = v[v.baseline.between(*band)]
+    parts = []
+    for i, (m, g) in enumerate(v.groupby("model", sort=False)):
+        r = room[room.model == m]
+        pw = ", ".join(f"{p:.2f}" for p in r.pipeline_power if np.isfinite(p)) or "none"
+        parts.append(f"{m} localizes a head in {int(r.holds.sum())} of {len(r)} (pipeline power at {POWER_GAIN:.2f}: "
+                     f"{pw})" if i == 0 else f"{m} in {int(r.holds.sum())} of {len(r)} ({pw})")
+    none = v[~v.baseline.between(*band)]
+    return (f"**On pairs with room** (confirm baseline in [{band[0]:g}, {band[1]:g}]): " + "; ".join(parts) + "."
+            + (" Without room: " + ", ".join(f"{r.model} / {r.task}" for r in none.itertuples()) + "."
+               if len(none) else ""))
+
+
 def bottom_line(rec: Records) -> list[str]:
     """The book's answer per model (markdown lines), every number from the records, each saying which items it
     is on."""
     v = rec.verdicts()
     if v.empty:
         return ["Chapter 1a has not run: there is no verdict to summarise."]
-    lines = [model_line(rec, m, g) for m, g in v.groupby("model", sort=False)]
+    lines = [model_line(rec, m, g) for m, g in v.groupby("model", sort=False)] + [families_on_room(v)]
     labels = rec.labels()
     chosen = labels[labels.role == "chosen head"] if len(labels) else labels
     if len(chosen):

@@ -23,7 +23,8 @@ from functools import lru_cache
 from typing import Callable
 
 from .errors import CELError
-from .tasks import NOUNS_SG_PL, PREDICATES, Task
+from .tasks import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES, Task
+from .variants import VARIANTS
 
 
 @dataclass(frozen=True)
@@ -54,14 +55,15 @@ def _demo_pairs(seed: str, k: int, ok=lambda a, b: True, avoid: frozenset = froz
 
 
 def _arith(op: str, k: int = 3, seed: str = "demos-1", line="{a} {op} {b} = {c}\n", ask="{a} {op} {b} = ",
-           head: str = "", sep: str | None = None):
-    """A format for two-operand arithmetic (``op`` is "+" or "-"): ``k`` demonstrations drawn with ``seed``."""
+           head: str = "", sep: str | None = None, task: str = ""):
+    """A format for two-operand arithmetic (``op`` is "+" or "-"): ``k`` demonstrations drawn with ``seed``,
+    none of them one of ``task``'s items (default: the family's base task)."""
     fn = (lambda a, b: a + b) if op == "+" else (lambda a, b: a - b)
     ok = (lambda a, b: True) if op == "+" else (lambda a, b: a - b >= 10)
 
     @lru_cache(maxsize=1)
     def prefix():
-        demos = _demo_pairs(f"{op}:{seed}", k, ok, _item_pairs("addition" if op == "+" else "subtraction"))
+        demos = _demo_pairs(f"{op}:{seed}", k, ok, _item_pairs(task or ("addition" if op == "+" else "subtraction")))
         lines = [line.format(a=a, b=b, c=fn(a, b), op=op) for a, b in demos]
         return head + ("".join(lines) if sep is None else sep.join(x.rstrip("\n") for x in lines) + (sep if lines else ""))
 
@@ -71,18 +73,19 @@ def _arith(op: str, k: int = 3, seed: str = "demos-1", line="{a} {op} {b} = {c}\
     return render
 
 
-def _arith_formats(op: str, word: str) -> list[Format]:
+def _arith_formats(op: str, word: str, task: str = "") -> list[Format]:
+    t = {"task": task}
     return [
         Format("default", "the task's own prompt", lambda it: it),
-        Format("other demos (1)", "three other demonstrations", _arith(op, seed="demos-1")),
-        Format("other demos (2)", "three more demonstrations", _arith(op, seed="demos-2")),
-        Format("five demos", "five demonstrations", _arith(op, k=5, seed="demos-5")),
-        Format("no demos", "zero-shot", _arith(op, k=0)),
+        Format("other demos (1)", "three other demonstrations", _arith(op, seed="demos-1", **t)),
+        Format("other demos (2)", "three more demonstrations", _arith(op, seed="demos-2", **t)),
+        Format("five demos", "five demonstrations", _arith(op, k=5, seed="demos-5", **t)),
+        Format("no demos", "zero-shot", _arith(op, k=0, **t)),
         Format("no spaces", "no spaces around the signs", _arith(op, seed="demos-1", line="{a}{op}{b}={c}\n",
-                                                                ask="{a}{op}{b}=")),
+                                                                ask="{a}{op}{b}=", **t)),
         Format("instruction", f"an instruction line first ('{word.capitalize()} the two numbers.')",
-               _arith(op, seed="demos-1", head=f"{word.capitalize()} the two numbers.\n")),
-        Format("semicolons", "demonstrations on one line, separated by '; '", _arith(op, seed="demos-1", sep="; ")),
+               _arith(op, seed="demos-1", head=f"{word.capitalize()} the two numbers.\n", **t)),
+        Format("semicolons", "demonstrations on one line, separated by '; '", _arith(op, seed="demos-1", sep="; ", **t)),
     ]
 
 
@@ -94,7 +97,9 @@ def _agreement_demos(seed: str, k: int, template: str) -> str:
         plural = rng.random() < 0.5
         verb = rng.choice(["saw", "met", "liked"])
         subj, attr = (p, s2) if plural else (s, p2)
-        out.append(template.format(subject=subj, attractor=attr, verb=verb, prep="near")
+        extra = ({"prep2": "by", "attractor2": rng.choice(OBJECTS_SG_PL)[0 if plural else 1]}
+                 if "{attractor2}" in template else {})   # a variant's second attractor (the base tasks draw none)
+        out.append(template.format(subject=subj, attractor=attr, verb=verb, prep="near", **extra)
                    + (" are " if plural else " is ") + rng.choice(PREDICATES) + ".\n")
     return "".join(out)
 
@@ -176,6 +181,20 @@ FORMATS: dict[str, list[Format]] = {
                            "Which is larger, {a} or {b}? Answer:")),
     ],
 }
+
+
+def _variant_formats(spec) -> list[Format] | None:
+    """A difficulty variant's formats: its family's, re-rendering the variant's own items (arithmetic demonstrations
+    avoid the variant's items; agreement re-renders the variant's template); None for a variant without fields."""
+    if spec.family in ("addition", "subtraction"):
+        return _arith_formats("+" if spec.family == "addition" else "-",
+                              "add" if spec.family == "addition" else "subtract", spec.name)
+    if spec.family == "comparison":
+        return FORMATS["comparison"]
+    return _agreement_formats(spec.template) if spec.template else None
+
+
+FORMATS.update({name: f for name, spec in VARIANTS.items() if (f := _variant_formats(spec))})
 
 
 def formats_of(task_name: str) -> list[Format]:

@@ -5,6 +5,7 @@ printed. A failing chapter and a wrong parameter type are clear errors."""
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from cel_utils import book
@@ -155,9 +156,21 @@ def _markdown_outputs(staged, name) -> str:
 
 
 def test_landscape_records(staged):
+    """The calibration read the search split only, kept exactly the tasks inside the band, and the verdicts ran on
+    its picks; its accuracy is the screen's own unablated accuracy on the same items (a second code path)."""
+    from cel_utils.calibration import pick
+
     r = record(staged, "01a_landscape")
-    assert {(p["model"], p["task"]) for p in r["pairs"]} == {("smollm2-135m", "addition"),
-                                                             ("smollm2-135m", "sentiment"), ("gemma3-270m", "agreement_rc")}
+    cal, (lo, hi) = pd.DataFrame(r["calibration"]), r["band"]
+    ci = CI_PARAMETERS["01a_landscape"]
+    assert set(cal.split) == {"search"} and (cal.n == ci["n_search"]).all()
+    assert sorted(cal.task) == sorted(t for ts in ci["candidates"].values() for t in ts)
+    assert (cal.kept == cal.search_baseline.between(lo, hi)).all()
+    assert r["tasks"] == {m: ts for m, ts in pick(cal, ci["pairs_per_model"]).items() if ts}
+    assert {(p["model"], p["task"]) for p in r["pairs"]} == {(m, t) for m, ts in r["tasks"].items() for t in ts}
+    for v in r["verdict"]:
+        row = cal[(cal.model == v["model"]) & (cal.task == v["task"])].iloc[0]
+        assert row.search_baseline == pytest.approx(v["search_baseline"])
     verdicts = {(v["model"], v["task"]): v for v in r["verdict"]}
     prose = _markdown_outputs(staged, "01a_landscape")
     for p in r["pairs"]:
@@ -313,7 +326,7 @@ def test_chapter3_records(staged):
     assert f"right in {round(car['measured'] * car['runs'])} of {car['runs']} runs" in prose
     # the bridge reads chapter 1a's screens: one row per model and ordered task pair
     land = record(staged, "01a_landscape")
-    assert len(r["bridge"]) == sum(len(t) * (len(t) - 1) for t in CI_PARAMETERS["01a_landscape"]["tasks"].values())
+    assert len(r["bridge"]) == sum(len(t) * (len(t) - 1) for t in land["tasks"].values())
     for b in r["bridge"]:
         pair = next(p for p in land["pairs"] if p["model"] == b["model"] and p["task"] == b["task_a"])
         d = dict(zip(pair["screened_heads"], pair["delta_margin"]))
@@ -387,6 +400,10 @@ def test_capability_records(staged):
         assert 1 <= it["n"] <= CI_PARAMETERS["01c_capability"]["n_items"]
     localized = {(v["model"], v["task"]): v for v in land["verdict"] if v["holds"]}
     assert r["exploratory"] == (not localized)
+    # every model of chapter 1a goes through the battery: its chosen head, or (nothing localized) an exploratory one
+    models = {p["model"] for p in land["pairs"]}
+    assert r["exploratory_models"] == sorted(models - {m for m, _ in localized})
+    assert {b["model"] for b in r["batteries"]} == models
     for b in r["batteries"]:
         assert [f["name"] for f in b["formats"]][0] == "default" and len(b["formats"]) == 8
         assert b["label"] in LABELS and abs(sum(b["label_distribution"].values()) - 1) < 1e-9

@@ -26,4 +26,6 @@ def test_the_bottom_line_reads_every_number_from_the_records(tmp_path):
     assert "first of 3 confirmed heads" in m and "**offset** on 267 fresh items" in m and "71% of item" in m
     assert "gain 0.10 one 93% of the time and a null one 1%" in m
     assert "ioi: nothing localized, and no room to test: the baseline leaves 0.00 to gain" in m
-    assert lines[1].startswith("**So:** 0 of the 1 heads")
+    assert lines[1] == ("**On pairs with room** (confirm baseline in [0.2, 0.8]): m localizes a head in 1 of 1 "
+                        "(pipeline power at 0.10: 0.58). Without room: m / ioi.")   # ioi's baseline 1.0 has none
+    assert lines[2].startswith("**So:** 0 of the 1 heads")
