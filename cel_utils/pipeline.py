@@ -280,7 +280,7 @@ def run(lm, encs: dict, offer: dict[str, Sequence[Head]], design: Design, policy
     for c in HELDOUT_COLUMNS:
         if c not in sets:
             sets[c] = np.nan
-    sets["holds"] = sets["holds"].fillna(False).astype(bool)
+    sets["holds"] = sets["holds"].eq(True)   # NaN (never reached the held-out split) is False
     ctrl = control(lm, encs, control_offers, design, control_labels) if control_offers is not None else None
     out = Run(model=lm.name, task=encs["confirm"].name, selector=selector,
               design=design, sets=sets, confirm_comparison=conf_cmp, heldout_comparison=held_cmp,

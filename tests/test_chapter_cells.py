@@ -48,7 +48,7 @@ def _picks(land, joint, tmp_path):
     import numpy as np
     import pandas as pd
 
-    from cel_utils.ablation import format_set, parse_set
+    from cel_utils.ablation import format_set, layer_of, parse_set
     from cel_utils.formats import FORMATS
     from cel_utils.records import Records
 
@@ -56,7 +56,8 @@ def _picks(land, joint, tmp_path):
     for name, r in (("01a_landscape", land), ("02_joint_search", joint)):
         (tmp_path / f"{name}.record.json").write_text(json.dumps(r))
     ns = {"rec": Records(tmp_path), "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
-          "FORMATS": FORMATS, "other_confirmed": 10, "display": lambda *a, **k: None,
+          "FORMATS": FORMATS, "other_confirmed": 10,
+          "layer_of": layer_of, "seed": 0, "random_heads": 2, "display": lambda *a, **k: None,
           "tables": type("T", (), {"table": staticmethod(lambda *a, **k: None)})}
     exec(compile(src, "01c_capability picks", "exec"), ns)
     return [tuple(p) for p in ns["picks"]]
