@@ -28,6 +28,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``effects`` (per-class effects, flips), ``robust`` (is it a capability? formats, generation, ablation types)
 * ``battery`` (the checks run together on head sets, and the label rules)
 * ``verdict`` (choose, confirm, report on three splits)
+* ``outcomes`` (the same confirm -> held-out verdict on anyone's per-item outcomes table: ``cel stats``)
 * ``landscape`` (chapter 1a's tables over many verdicts: costs, designs, equals, rank stability, the bridge)
 * ``mechanism`` (inside a head: its direct logits, the path split), ``attention`` (where it attends, by role)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)

@@ -83,6 +83,7 @@ def cmd_verdict(args):
     from .verdict import VerdictSettings, single_head_verdict
 
     check_out(args.out)
+    check_out(args.items)
     check_sizes(args)
     if args.split is not None or args.n is not None:
         raise CELError("cel verdict uses all three splits: give --n-search, --n-confirm and --n-heldout, not --split/--n")
@@ -108,7 +109,24 @@ def cmd_verdict(args):
     out.update({"verdict": row["verdict"], "row": row, **v.record(),
                 "settings": {k: getattr(s, k) for k in ("n_search", "n_confirm", "n_heldout", "top_k", "fdr",
                                                          "seed", "power_sims", "rank_dtype")}})
+    if args.items:
+        from .io import write_text_atomic
+        from .outcomes import from_run
+
+        write_text_atomic(args.items, from_run(v.run).to_csv(index=False))
     emit(out, args.out)
+
+
+def cmd_stats(args):
+    """The book's confirm -> held-out verdict on a per-item table (:mod:`cel_utils.outcomes`), no model needed."""
+    from .design import Design
+    from .outcomes import outcome_verdict, read_outcomes
+
+    check_out(args.out)
+    design = Design(fdr=args.fdr, alpha=args.alpha, n_boot=args.n_boot, seed=args.seed)
+    design.check()
+    emit(outcome_verdict(read_outcomes(args.table), design, policy=args.family, baseline=args.baseline,
+                         model=args.model, task=args.task), args.out)
 
 
 def cmd_robust(args):
@@ -242,7 +260,7 @@ def cmd_exercises(args):
 
 
 COMMANDS = {"models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
-            "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate,
+            "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate, "stats": cmd_stats,
             "explain": cmd_explain,
             "theory": cmd_theory, "exercises": cmd_exercises}
 

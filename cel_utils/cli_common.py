@@ -135,6 +135,8 @@ def add_verdict(sub) -> None:
     sp.add_argument("--heads", default=None, help="heads to screen (default: all), e.g. L0H6,L3 or all")
     sp.add_argument("--power-sims", type=int, default=defaults.POWER_SIMS,
                     help="simulations of the whole pipeline's power (0: skip)")
+    sp.add_argument("--items", default=None, metavar="CSV",
+                    help="also write the confirm and held-out per-item outcomes here (what cel stats reads)")
     sp.add_argument("--rank-dtype", choices=["float32", "bfloat16"], default="float32",
                     help="dtype of the search screen, which only ranks (chapter 1a: bfloat16); confirm and held-out "
                         "stay float32")
@@ -174,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_verdict(sub)
     add_robust(sub)
     add_calibrate(sub)
+    add_stats(sub)
     x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
     common(x)
     x.add_argument("--head", required=True, help="one head, e.g. L13H0")
@@ -204,6 +207,24 @@ def add_calibrate(sub) -> None:
     c.add_argument("--out", default=None, help="write JSON here (default: stdout)")
     c.add_argument("--device", default="cpu")
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+
+
+def add_stats(sub) -> None:
+    """``cel stats``: the book's confirm -> held-out verdict on anyone's per-item outcomes."""
+    c = sub.add_parser("stats", help="the book's verdict on a table of per-item outcomes (item, split, condition, "
+                                     "correct and/or margin): McNemar with BH then Holm, paired bootstrap CIs, MDE")
+    c.add_argument("table", help="a .csv, .jsonl or .json table (cel_utils.outcomes describes its columns)")
+    c.add_argument("--baseline", default="baseline", help="the condition naming the unablated model")
+    c.add_argument("--family", default="confirmed", choices=["confirmed", "offered"],
+                   help="sets tested on held-out items: the confirmed ones and all of them together (cel verdict), "
+                        "or every condition offered")
+    c.add_argument("--fdr", type=float, default=defaults.FDR, help="Benjamini-Hochberg level on the confirm split")
+    c.add_argument("--alpha", type=float, default=defaults.ALPHA, help="Holm level on the held-out split")
+    c.add_argument("--n-boot", type=int, default=defaults.N_BOOT)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--model", default="", help="recorded as is")
+    c.add_argument("--task", default="", help="recorded as is")
+    c.add_argument("--out", default=None, help="write JSON here (default: stdout)")
 
 
 def check_out(path: str | None) -> None:

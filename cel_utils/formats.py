@@ -23,7 +23,8 @@ from functools import lru_cache
 from typing import Callable
 
 from .errors import CELError
-from .tasks import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES, Task
+from .generators import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES
+from .tasks import Task
 from .variants import VARIANTS
 
 

@@ -40,8 +40,12 @@ def dumps(obj) -> str:
 
 def write_json_atomic(path: str | Path, obj) -> None:
     """Write JSON to a temp file in the same folder, then rename: never a truncated file."""
+    write_text_atomic(path, dumps(obj))
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write text to a temp file in the same folder, then rename: never a truncated file."""
     path = Path(path)
-    text = dumps(obj)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

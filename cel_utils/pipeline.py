@@ -69,16 +69,22 @@ def confirm(lm, enc, sets: dict[str, Sequence[Head]], d: Design) -> tuple[pd.Dat
     """The confirm stage: one row per offered set (``heads``, ``size`` and :data:`CONFIRM_COLUMNS`), and the
     per-item comparison behind it."""
     cmp = _compare(lm, enc, sets, d)
+    return confirm_table(cmp, {n: len(h) for n, h in sets.items()}, d), cmp
+
+
+def confirm_table(cmp: Comparison, sizes: dict[str, int], d: Design) -> pd.DataFrame:
+    """The confirm stage's table from a comparison on confirm items, however it was computed (the engine, or
+    per-item outcomes read from a table: :mod:`cel_utils.outcomes`)."""
     dec = confirm_decisions(cmp.baseline.correct[0], cmp.results.correct, d.fdr)
     t = cmp.table
-    tab = pd.DataFrame({"heads": cmp.names, "size": [len(sets[n]) for n in cmp.names],
+    tab = pd.DataFrame({"heads": cmp.names, "size": [sizes[n] for n in cmp.names],
                         "confirm_baseline": t["baseline_accuracy"].to_numpy(), "confirm_accuracy": t["accuracy"].to_numpy(),
                         "confirm_delta_accuracy": t["delta_accuracy"].to_numpy(), "confirm_ci_low": t["ci_low"].to_numpy(),
                         "confirm_ci_high": t["ci_high"].to_numpy(), "confirm_delta_margin": t["delta_margin"].to_numpy()})
     for k in ("fixes", "breaks", "p_value", "q_value"):
         tab[f"confirm_{k}"] = dec[k]
     tab["confirmed"] = dec["confirmed"]
-    return tab, cmp
+    return tab
 
 
 def choose(table: pd.DataFrame, gain: str = "confirm_delta_accuracy", ok: str = "confirmed") -> pd.Series | None:
@@ -104,6 +110,11 @@ def heldout(lm, enc, sets: dict[str, Sequence[Head]], d: Design) -> tuple[pd.Dat
         >>> tab, cmp = heldout(lm, heldout_split, {"L13H0": [(13, 0)]}, Design())  # doctest: +SKIP
     """
     cmp = _compare(lm, enc, sets, d)
+    return heldout_table(cmp, d), cmp
+
+
+def heldout_table(cmp: Comparison, d: Design) -> pd.DataFrame:
+    """The held-out stage's table from a comparison on held-out items (as :func:`confirm_table`)."""
     dec = heldout_decisions(cmp.baseline.correct[0], cmp.results.correct, d.alpha)
     t = cmp.table
     tab = pd.DataFrame({"heads": cmp.names, "heldout_baseline": t["baseline_accuracy"].to_numpy(),
@@ -113,7 +124,7 @@ def heldout(lm, enc, sets: dict[str, Sequence[Head]], d: Design) -> tuple[pd.Dat
     for k in ("fixes", "breaks", "p_value", "p_holm"):
         tab[f"heldout_{k}"] = dec[k]
     tab["holds"] = dec["holds"]
-    return tab, cmp
+    return tab
 
 
 def heldout_family(conf: pd.DataFrame, offered: dict[str, Sequence[Head]], policy: str) -> dict[str, list[Head]]:
@@ -256,6 +267,32 @@ class Run:
         return text
 
 
+def staged(compare, offer: dict[str, Sequence[Head]], design: Design, policy: str = "offered",
+           search: pd.DataFrame | None = None) -> tuple[pd.DataFrame, Comparison, Comparison | None]:
+    """Confirm -> choose -> held-out on comparisons from ``compare(split, {name: heads}) -> Comparison`` (the
+    engine in :func:`run`; per-item outcomes from a table in :mod:`cel_utils.outcomes`): :attr:`Run.sets` and the
+    two comparisons (the held-out one None when the family is empty)."""
+    conf_cmp = compare("confirm", offer)
+    conf = confirm_table(conf_cmp, {n: len(h) for n, h in offer.items()}, design)
+    conf.insert(2, "offered", True)
+    if search is not None:
+        conf = conf.merge(search, on="heads", how="left", suffixes=("", "_search"))
+    fam = heldout_family(conf, offer, policy)
+    held_cmp = compare("heldout", fam) if fam else None
+    sets = conf
+    if held_cmp is not None:
+        extra = [n for n in fam if n not in offer]
+        add = pd.DataFrame({"heads": extra, "size": [len(fam[n]) for n in extra], "offered": False,
+                            "confirmed": False})
+        sets = pd.concat([conf, add], ignore_index=True) if extra else conf
+        sets = sets.merge(heldout_table(held_cmp, design), on="heads", how="left")
+    for c in HELDOUT_COLUMNS:
+        if c not in sets:
+            sets[c] = np.nan
+    sets["holds"] = sets["holds"].eq(True)   # NaN (never reached the held-out split) is False
+    return sets, conf_cmp, held_cmp
+
+
 def run(lm, encs: dict, offer: dict[str, Sequence[Head]], design: Design, policy: str = "offered",
         search: pd.DataFrame | None = None, selector: str = "", control_offers=None, control_labels=None) -> Run:
     """Offered sets (``{name: heads}``, chosen on the search split) through :func:`confirm`, :func:`choose` and
@@ -264,23 +301,8 @@ def run(lm, encs: dict, offer: dict[str, Sequence[Head]], design: Design, policy
     size; ``design.mode`` should be resolved (:func:`resolved`). ``search``: the selector's figures per offered
     set (``heads`` and ``search_*`` columns), joined into :attr:`Run.sets`."""
     encs = encoded(lm, encs)
-    conf, conf_cmp = confirm(lm, encs["confirm"], offer, design)
-    conf.insert(2, "offered", True)
-    if search is not None:
-        conf = conf.merge(search, on="heads", how="left", suffixes=("", "_search"))
-    fam = heldout_family(conf, offer, policy)
-    held, held_cmp = heldout(lm, encs["heldout"], fam, design) if fam else (None, None)
-    sets = conf
-    if held is not None:
-        extra = [n for n in fam if n not in offer]
-        add = pd.DataFrame({"heads": extra, "size": [len(fam[n]) for n in extra], "offered": False,
-                            "confirmed": False})
-        sets = pd.concat([conf, add], ignore_index=True) if extra else conf
-        sets = sets.merge(held, on="heads", how="left")
-    for c in HELDOUT_COLUMNS:
-        if c not in sets:
-            sets[c] = np.nan
-    sets["holds"] = sets["holds"].eq(True)   # NaN (never reached the held-out split) is False
+    sets, conf_cmp, held_cmp = staged(lambda split, named: _compare(lm, encs[split], named, design), offer, design,
+                                      policy, search)
     ctrl = control(lm, encs, control_offers, design, control_labels) if control_offers is not None else None
     out = Run(model=lm.name, task=encs["confirm"].name, selector=selector,
               design=design, sets=sets, confirm_comparison=conf_cmp, heldout_comparison=held_cmp,

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CELError
-from .generators import (ANTONYMS, BASE_TASKS, CAPITALS, METRICS, NAMES, NOUNS_SG_PL, OBJECTS_SG_PL,  # noqa: F401
-                         PREDICATES, PREPS, RC_VERBS, SEQUENCES, TaskSpec, unordered, word_lists)
+from .generators import BASE_TASKS, METRICS, TaskSpec
 from .variants import VARIANTS
 
 SPLITS = ("search", "confirm", "heldout")

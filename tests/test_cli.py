@@ -445,3 +445,20 @@ def test_every_ablation_kind_reaches_the_command_line(tiny_dir, tmp_path, capsys
         out = tmp_path / "bad.json"
         code, _, err = run(["eval", "--model", "no-such-model", "--task", "ioi", "--out", str(out), *bad], capsys)
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1 and not out.exists(), err
+
+
+def test_every_cel_line_of_the_readme_parses():
+    """The README's `cel` examples are real commands: each parses with the `cel` parser (the head read from a
+    verdict is a placeholder), and each subcommand the parser knows appears in the README or its help."""
+    import re
+    import shlex
+
+    from cel_utils.cli_common import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = [ln.split("  #")[0].replace("$HEAD", "L14H8") for ln in re.findall(r"^\.venv/bin/cel (.+)$", readme, re.M)]
+    assert len(lines) >= 10
+    parser = build_parser()
+    for ln in lines:
+        parser.parse_args(shlex.split(ln))   # SystemExit (exit 2) on an unknown option or command
+    assert {"stats", "calibrate", "verdict"} <= {shlex.split(ln)[0] for ln in lines}
