@@ -252,7 +252,7 @@ def cmd_exercises(args):
         for ex in EXERCISES:
             print(ex.line())
         return
-    results = grade_file(args.notebook)   # a missing or non-notebook file: CELError, nothing printed
+    results = grade_file(args.notebook, args.chapter)   # a missing or non-notebook file: CELError, nothing printed
     for r in results:
         print(r.line(), flush=True)
     if any(r.outcome == "FAIL" for r in results):

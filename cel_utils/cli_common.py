@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex_sub.add_parser("list", help="one line per checked exercise: label, chapter, function, check")
     exc = ex_sub.add_parser("check", help="grade a notebook's exercise functions (the notebook itself is not run)")
     exc.add_argument("notebook", help="a learner's .ipynb file")
+    exc.add_argument("--chapter", default=None,
+                     help="grade this chapter's exercises (e.g. 01_screening; 'all': every one); default: the "
+                          "chapter whose exercise labels the notebook carries, or that its file is named after")
     return p
 
 

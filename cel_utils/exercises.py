@@ -229,21 +229,48 @@ class Found:
     failed_imports: list = field(default_factory=list)
 
 
+def _is_helper(node) -> str | None:
+    """The name a top-level statement defines when it can be a helper of an exercise: a ``def`` or ``class``, or
+    a constant (``NAME = <literal>``); None otherwise (nothing else in a notebook is run)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        try:
+            ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        return node.targets[0].id
+    return None
+
+
+def _needed(defs: dict, names: set) -> set:
+    """The top-level helpers the exercise functions reach, directly or through other helpers."""
+    need, todo = set(), [n for n in names if n in defs]
+    while todo:
+        name = todo.pop()
+        if name in need:
+            continue
+        need.add(name)
+        todo += [x.id for x in ast.walk(defs[name][1]) if isinstance(x, ast.Name) and x.id in defs and x.id not in need]
+    return need
+
+
 def find_functions(nb: dict, names) -> Found:
-    """Run only the top-level imports and the ``def`` of the functions ``names`` of notebook ``nb``'s code cells,
-    in order, in a fresh namespace. The last definition of a name wins; a cell that does not parse fails the
-    names it defines.
+    """Run only the top-level imports, the ``def`` of the functions ``names`` of notebook ``nb``'s code cells and
+    the top-level helpers they call (a ``def``, a ``class`` or a literal constant they name, and those helpers'
+    own), in order, in a fresh namespace. The last definition of a name wins; a cell that does not parse fails
+    the names it defines.
 
     Example:
-        >>> cell = "import math\\nx = 1 / 0\\ndef my_f(a):\\n    return math.sqrt(a)"   # x = 1 / 0 never runs
+        >>> cell = "import math\\nx = 1 / 0\\nK = 2\\ndef root(a):\\n    return math.sqrt(a) * K\\ndef my_f(a):\\n    return root(a)"
         >>> nb = {"cells": [{"cell_type": "code", "source": cell},
         ...                 {"cell_type": "code", "source": "def my_g(:\\n    pass"}]}
-        >>> found = find_functions(nb, ["my_f", "my_g", "my_h"])
+        >>> found = find_functions(nb, ["my_f", "my_g", "my_h"])   # x = 1 / 0 never runs
         >>> found.namespace["my_f"](4.0), found.status["my_g"]
-        (2.0, 'SyntaxError in cell 2, line 1: invalid syntax')
+        (4.0, 'SyntaxError in cell 2, line 1: invalid syntax')
     """
     names = set(names)
-    kept, status = [], {}
+    body, status, defs = [], {}, {}
     for i, cell in enumerate(nb.get("cells", []), 1):
         if cell.get("cell_type") != "code":
             continue
@@ -256,11 +283,15 @@ def find_functions(nb: dict, names) -> Found:
                 status[name] = f"SyntaxError in cell {i}, line {e.lineno}: {e.msg}"
             continue
         for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                kept.append((i, node))
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
-                kept.append((i, node))
-                status[node.name] = "ok"
+            body.append((i, node))
+            name = _is_helper(node)
+            if name is not None:
+                defs[name] = (i, node)   # the last definition wins, as when the notebook runs
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and name in names:
+                    status[name] = "ok"
+    need = _needed(defs, {n for n in names if status.get(n) == "ok"})
+    kept = [(i, node) for i, node in body if isinstance(node, (ast.Import, ast.ImportFrom))
+            or (_is_helper(node) in need)]
     found = Found(namespace={"__name__": "__cel_exercise__"}, status=status)
     out = io.StringIO()
     for i, node in kept:
@@ -269,9 +300,11 @@ def find_functions(nb: dict, names) -> Found:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
                 exec(code, found.namespace)  # noqa: S102 (an import or a def: the point of the grader)
         except (Exception, SystemExit) as e:  # noqa: BLE001 (whatever the learner's line raises)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in names:
                 if status.get(node.name) == "ok":
                     status[node.name] = f"defining it raised {_error(e)}"
+            elif not isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.failed_imports.append(f"helper {_is_helper(node)} (cell {i}): {type(e).__name__}")
             else:
                 found.failed_imports.append(f"{ast.unparse(node)} (cell {i}): {type(e).__name__}")
     return found
@@ -331,8 +364,8 @@ def _run_check(check: Callable, fn: Callable, found: Found) -> str | None:
     except (Exception, SystemExit) as e:  # noqa: BLE001 (the learner's function raised)
         msg = _error(e)
         if isinstance(e, NameError):
-            msg += ("; the grader runs only the notebook's imports and the exercise functions' defs: define helpers "
-                    "and constants inside the function")
+            msg += ("; the grader runs only the notebook's imports, the exercise functions' defs and the top-level "
+                    "defs, classes and literal constants they name: compute other values inside the function")
             if found.failed_imports:
                 msg += f" (failed imports: {', '.join(found.failed_imports)})"
         return msg
@@ -373,6 +406,32 @@ def grade(nb: dict, exercises=EXERCISES) -> list[Result]:
     return results
 
 
-def grade_file(path) -> list[Result]:
-    """:func:`grade` of the notebook file ``path`` (a :class:`CELError` for a missing or non-notebook file)."""
-    return grade(load_notebook(path))
+def chapter_exercises(nb: dict, path=None, chapter: str | None = None) -> tuple[Exercise, ...]:
+    """The exercises to grade: those of ``chapter`` (a chapter's file stem, e.g. ``01_screening``; ``"all"``: every
+    one), else those whose labels the notebook's markdown carries, else those of the chapter the file is named
+    after, else every one.
+
+    Example:
+        >>> [e.label for e in chapter_exercises({"cells": []}, "03_theory.ipynb")]
+        ['ex-ch3-derive']
+    """
+    chapters = sorted({e.chapter for e in EXERCISES})
+    if chapter == "all":
+        return EXERCISES
+    if chapter is not None:
+        if chapter not in chapters:
+            raise CELError(f"no checked exercise in chapter {chapter!r}; chapters with one: {', '.join(chapters)}")
+        return tuple(e for e in EXERCISES if e.chapter == chapter)
+    text = "".join("".join(c.get("source", "")) for c in nb.get("cells", []) if c.get("cell_type") == "markdown")
+    by_label = tuple(e for e in EXERCISES if re.search(rf"\b{re.escape(e.label)}\b", text))
+    if by_label:
+        return tuple(e for e in EXERCISES if e.chapter in {x.chapter for x in by_label})
+    stem = Path(path).stem if path is not None else ""
+    return tuple(e for e in EXERCISES if e.chapter == stem) or EXERCISES
+
+
+def grade_file(path, chapter: str | None = None) -> list[Result]:
+    """:func:`grade` of the notebook file ``path`` on its chapter's exercises (:func:`chapter_exercises`); a
+    :class:`CELError` for a missing or non-notebook file or an unknown chapter."""
+    nb = load_notebook(path)
+    return grade(nb, chapter_exercises(nb, path, chapter))

@@ -259,13 +259,41 @@ def test_present_ones_passing_exit_0_and_a_later_def_wins(tmp_path, capsys):
     assert code == 1 and any(line.startswith("FAIL ex-ch1-mcnemar") for line in out.splitlines())
 
 
-def test_a_helper_outside_the_function_is_reported_not_crashed(tmp_path, capsys):
-    nb = notebook("from scipy.stats import binomtest\ndef flips(base, ablated):\n    return 1, 0",
-                  "def my_mcnemar(base, ablated):\n    f, b = flips(base, ablated)\n    return 1.0")
+def test_a_correct_answer_using_top_level_helpers_passes(tmp_path, capsys):
+    """A right answer that calls a helper def, which reads a literal constant and another helper, passes; the
+    notebook's other statements still never run."""
+    nb = notebook("from scipy.stats import binomtest\nSIDES = 'two-sided'\nBOOM = 1 / 0\n"
+                  "def discordant(base, ablated):\n    return int((ablated & ~base).sum()), int((base & ~ablated).sum())",
+                  "def p_of(f, b):\n    return 1.0 if f + b == 0 else binomtest(f, f + b, 0.5, alternative=SIDES).pvalue",
+                  "def my_mcnemar(base, ablated):\n    return p_of(*discordant(base, ablated))")
+    code, out, _ = run(["exercises", "check", write(tmp_path, nb), "--chapter", "01_screening"], capsys)
+    assert "PASS ex-ch1-mcnemar my_mcnemar" in out.splitlines(), out
+
+
+def test_a_global_computed_at_run_time_is_reported_not_crashed(tmp_path, capsys):
+    nb = notebook("import numpy as np\nTABLE = np.zeros(3)\ndef flips(base, ablated):\n    return TABLE",
+                  "def my_mcnemar(base, ablated):\n    f = flips(base, ablated)\n    return 1.0")
     code, out, _ = run(["exercises", "check", write(tmp_path, nb)], capsys)
     line = next(x for x in out.splitlines() if "my_mcnemar" in x)
-    assert line.startswith("FAIL ex-ch1-mcnemar my_mcnemar: NameError: name 'flips' is not defined (cell 2, line 2)")
-    assert "define helpers" in line and code == 1
+    assert line.startswith("FAIL ex-ch1-mcnemar my_mcnemar: NameError: name 'TABLE' is not defined (cell 1, line 4)")
+    assert "compute other values inside the function" in line and code == 1
+
+
+def test_a_chapter_notebook_is_graded_on_its_own_exercises(tmp_path, capsys):
+    """A student notebook of chapter 3 (by its labels, or by its file name) prints only chapter 3's exercises;
+    --chapter picks another or all; an unknown chapter is one line and status 2."""
+    md = {"cell_type": "markdown", "metadata": {}, "source": ":::{exercise}\n:label: ex-ch3-derive\n:::"}
+    nb = notebook(MCNEMAR)
+    nb["cells"].insert(0, md)
+    code, out, _ = run(["exercises", "check", write(tmp_path, nb)], capsys)
+    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch3-derive"] and code == 0
+    plain = write(tmp_path, notebook(MCNEMAR), name="01_screening.ipynb")
+    code, out, _ = run(["exercises", "check", plain], capsys)
+    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch1-hook", "ex-ch1-mcnemar"]
+    code, out, _ = run(["exercises", "check", plain, "--chapter", "all"], capsys)
+    assert len(out.splitlines()) == len(EXERCISES)
+    code, out, err = run(["exercises", "check", plain, "--chapter", "09_nothing"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "no checked exercise in chapter" in err
 
 
 def test_list_names_every_exercise(capsys):
