@@ -33,7 +33,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``mechanism`` (inside a head: its direct logits, the path split), ``attention`` (where it attends, by role)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)
 * ``theory`` (the toy model of chapter 3), ``dynamics`` (its early phase, derived and checked)
-* ``checks`` (checks for the exercises), ``exercises`` (the offline autograder: registry, held-back checks)
+* ``checks`` (checks for the exercises), ``checks_numeric`` (the exercises' checks that need no model), ``exercises`` (the offline autograder: registry, held-back checks)
 * ``tables`` (tables for people), ``plots`` (offline plotly figures)
 * ``joint_plots`` (chapter 2's figures), ``theory_plots`` (chapter 3's figures)
 * ``widgets`` (live explorers, the kernel-free subset explorer)

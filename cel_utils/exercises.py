@@ -37,6 +37,7 @@ import torch
 
 from .ablation import ablate_heads, format_heads
 from .checks import check_ablation, check_mcnemar, check_rates, check_screen, tiny_lm
+from .checks_numeric import check_bh, check_direct, check_greedy, check_reading, direct_cases, pair_score, reading_cases
 from .errors import CELError
 from .stats import fixes_breaks, mcnemar_exact
 from .tasks import Task
@@ -138,6 +139,30 @@ def _rates_other_setups(fn: Callable) -> None:
     check_rates(fn, setups=RATE_SETUPS)
 
 
+def _bh_other_sizes(fn: Callable) -> None:
+    rng = np.random.default_rng(11)
+    check_bh(fn, cases=[rng.uniform(0, 1, n).tolist() for n in (2, 7, 120, 300)]   # in no particular order
+             + [[0.5, 0.0, 0.0], [1.0, 1.0], rng.beta(0.2, 5, 60).tolist()])
+
+
+def _reading_other_items(fn: Callable) -> None:
+    rng = np.random.default_rng(8)
+    check_reading(fn, cases=reading_cases(seed=7) + [(np.r_[np.ones(30), -np.ones(5)], 0.5),
+                                                      (np.full(10, -0.2), -0.1), (rng.normal(0.3, 1, 400), 0.2)])
+
+
+def _greedy_other_pools(fn: Callable) -> None:
+    heads = [(0, 1), (2, 3), (1, 0), (3, 3), (2, 2), (0, 0)]
+    gains = dict(zip(heads, (0.05, 0.2, 0.2, -0.1, 0.1, 0.0)))   # (2, 3) and (1, 0) tie: the earlier wins
+    check_greedy(fn, cases=(
+        ("heads as (layer, head), a tie", heads, pair_score(gains, {((2, 2), (3, 3)): 0.4}), 4),
+        ("max_size below the pool", list(range(8)), pair_score({i: 0.1 * (i % 3) for i in range(8)}, {}), 2)))
+
+
+def _direct_other_shapes(fn: Callable) -> None:
+    check_direct(fn, cases=direct_cases(seed=3, rest=1.5))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the registry
 # ---------------------------------------------------------------------------------------------------------
@@ -173,8 +198,16 @@ EXERCISES: tuple[Exercise, ...] = (
               ("three heads of a layer, a whole layer, a head per layer, no head", _ablation_other_sets))),
     Exercise("ex-ch1-mcnemar", "01_screening", "my_mcnemar", "(base, ablated) -> p-value", check_mcnemar,
              (("other fixes and breaks counts, up to 1200 flips", _mcnemar_other_counts),)),
+    Exercise("ex-ch1a-bh", "01a_landscape", "my_bh", "(p) -> q-values", check_bh,
+             (("unsorted p-values of other sizes, zeros and ones", _bh_other_sizes),)),
     Exercise("ex-ch1b-loop", "01b_screening_at_scale", "my_screen", "(lm, task, heads) -> table", check_screen,
              (("tiny gpt2 with three-choice items, tiny gemma3 with other items", _screen_other_models),)),
+    Exercise("ex-ch2-forward", "02_joint_search", "my_greedy", "(pool, score, max_size) -> path", check_greedy,
+             (("heads as (layer, head) with a tie, max_size below the pool", _greedy_other_pools),)),
+    Exercise("ex-ch1c-reading", "01c_capability", "my_reading", "(d, above) -> reading", check_reading,
+             (("other items, thresholds other than 0", _reading_other_items),)),
+    Exercise("ex-ch2a-frozen", "02a_mechanism", "my_direct", "(outs, scale, gamma, w_diff) -> contributions",
+             check_direct, (("a residual with a component not in outs", _direct_other_shapes),)),
     Exercise("ex-ch3-derive", "03_theory", "my_rates", "(setup, lr) -> dict of rates", check_rates,
              (("set-ups with correlated distractors and other m", _rates_other_setups),)),
 )

@@ -210,6 +210,84 @@ def my_rates(setup, lr):
     r = float((rho[0] + rho[1]).sum() / c.sum())
     return {"r": r, "lambda_1": np.log1p(lr * r)}
 '''),
+    # Bonferroni instead of BH (public check)
+    "BH as Bonferroni": ("my_bh", "public", '''
+import numpy as np
+def my_bh(p):
+    p = np.asarray(p, float)
+    return np.minimum(p * len(p), 1.0)
+'''),
+    # right q-values, but returned in sorted order: the public p-values are sorted or tie where it matters
+    # (held-back check, unsorted p-values)
+    "BH in sorted order": ("my_bh", "held-back", '''
+import numpy as np
+def my_bh(p):
+    p = np.sort(np.asarray(p, float))
+    m = len(p)
+    return np.minimum(np.minimum.accumulate((p * m / np.arange(1, m + 1))[::-1])[::-1], 1.0)
+'''),
+    # an interval that includes 0 read as "fails": absence of significance taken as absence (public check)
+    "reading: no significance as no": ("my_reading", "public", '''
+import numpy as np
+from scipy.stats import ttest_1samp
+def my_reading(d, above):
+    d = np.asarray(d, float)
+    low = float(d.mean()) if len(d) < 2 or np.ptp(d) == 0 else ttest_1samp(d, 0).confidence_interval(0.95).low
+    return "holds" if low > above else "fails"
+'''),
+    # the threshold ignored (compared with 0): every public case has threshold 0 (held-back check)
+    "reading against 0 always": ("my_reading", "held-back", '''
+import numpy as np
+from scipy.stats import ttest_1samp
+def my_reading(d, above):
+    d = np.asarray(d, float)
+    if len(d) < 2 or np.ptp(d) == 0:
+        low = high = float(d.mean())
+    else:
+        ci = ttest_1samp(d, 0).confidence_interval(0.95)
+        low, high = ci.low, ci.high
+    return "holds" if low > 0 else "fails" if high < 0 else "cannot tell"
+'''),
+    # scores each head alone instead of the set with it added (public check: a pair that helps only together)
+    "greedy on single-head scores": ("my_greedy", "public", '''
+def my_greedy(pool, score, max_size):
+    ranked = sorted(pool, key=lambda h: -score((h,)))
+    path, cur = [()], ()
+    for h in ranked[:max_size]:
+        if score(tuple(sorted(cur + (h,)))) <= score(cur):
+            break
+        cur = tuple(sorted(cur + (h,)))
+        path.append(cur)
+    return path
+'''),
+    # ties go to the later head of the pool: no public case ties (held-back check)
+    "greedy ties to the later head": ("my_greedy", "held-back", '''
+def my_greedy(pool, score, max_size):
+    cur, best = (), score(())
+    path = [cur]
+    while len(cur) < max_size:
+        cands = [tuple(sorted(cur + (h,))) for h in pool if h not in cur]
+        vals = [score(c) for c in cands]
+        i = max(range(len(vals)), key=lambda j: (vals[j], j))
+        if vals[i] <= best:
+            break
+        cur, best = cands[i], vals[i]
+        path.append(cur)
+    return path
+'''),
+    # each component normalized by its own RMS (public check)
+    "direct: each component its own norm": ("my_direct", "public", '''
+import numpy as np
+def my_direct(outs, scale, gamma, w_diff):
+    return np.array([(o / np.sqrt((o ** 2).mean() + 1e-6) * gamma) @ w_diff for o in outs])
+'''),
+    # the frozen scale recomputed from outs: right only when outs is the whole residual (held-back check)
+    "direct: scale recomputed from outs": ("my_direct", "held-back", '''
+import numpy as np
+def my_direct(outs, scale, gamma, w_diff):
+    s = 1.0 / np.sqrt((outs.sum(0) ** 2).mean() + 1e-6)
+    return (outs * s * gamma) @ w_diff
+'''),
 }
 
 
@@ -246,9 +324,9 @@ def test_missing_and_syntax_error_lines_and_exit_status(tmp_path, capsys):
     lines = out.splitlines()
     assert lines[0] == "MISSING ex-ch1-hook my_ablate: the notebook has no top-level def my_ablate"
     assert lines[1] == "PASS ex-ch1-mcnemar my_mcnemar"
-    assert lines[2].startswith("MISSING ex-ch1b-loop my_screen")
-    assert re.fullmatch(r"FAIL ex-ch3-derive my_rates: SyntaxError in cell 4, line 2: .+", lines[3]), lines[3]
-    assert len(lines) == 4 and code == 1 and err == ""
+    assert [line.split()[:2] for line in lines[2:-1]] == [["MISSING", e.label] for e in EXERCISES[2:-1]]
+    assert re.fullmatch(r"FAIL ex-ch3-derive my_rates: SyntaxError in cell 4, line 2: .+", lines[-1]), lines[-1]
+    assert len(lines) == len(EXERCISES) and code == 1 and err == ""
 
 
 def test_present_ones_passing_exit_0_and_a_later_def_wins(tmp_path, capsys):
