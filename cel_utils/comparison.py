@@ -121,10 +121,14 @@ def _versus(g) -> str:
 
 
 def _largest(s: pd.DataFrame) -> str:
+    blind = s.index[s.get("signal", pd.Series("ok", index=s.index)) == "none"].tolist()
+    note = "".join(f"; {b}'s estimates were all equal, so its sets are random heads, not a choice (left out of "
+                   f"the comparison of areas)" for b in blind)
+    s = s.drop(index=blind)
     top = s.index[np.isclose(s["area"], s["area"].max(), atol=1e-12)].tolist()
     return (f"the largest area is the {top[0]} selector's ({s.loc[top[0], 'area']:+.3f})" if len(top) == 1 else
             f"every selector has the same area ({s['area'].max():+.3f})" if len(top) == len(s) else
-            f"{', '.join(top)} tie for the largest area ({s['area'].max():+.3f})")
+            f"{', '.join(top)} tie for the largest area ({s['area'].max():+.3f})") + note
 
 
 def _learning(lg, g, p) -> str:
@@ -242,6 +246,7 @@ def _grade(ctx, offers, per_set, base, runs, pool_size) -> tuple[pd.DataFrame, p
                         "area_ci_low": area[1], "area_ci_high": area[2], "area_vs_pool": vs[0],
                         "area_vs_pool_ci_low": vs[1], "area_vs_pool_ci_high": vs[2], "best_k": best,
                         "best_gain": float(curves[label][best - 1]) if best else np.nan, **offers[label].cost,
+                        "signal": offers[label].info.get("signal", "ok"),
                         **_choice(runs.get(label))})
     return pd.DataFrame(rows), pd.DataFrame(summary)
 

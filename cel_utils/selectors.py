@@ -270,10 +270,28 @@ class _Approximate(Selector):
 
     def offer(self, ctx, max_k):
         ap = self.rank(ctx)
-        order = np.argsort(-ap.estimate, kind="stable")
-        return Offer([sorted(ap.heads[i] for i in order[:k]) for k in range(1, max_k + 1)],
-                     {"forward_equivalents": ap.forward_equivalents, "seconds": ap.seconds,
-                      "n_evaluations": ap.n_evaluations}, all_heads(ctx.lm))
+        sets, info = top_sets(ap.estimate, ap.heads, max_k, ctx.design.seed)
+        return Offer(sets, {"forward_equivalents": ap.forward_equivalents, "seconds": ap.seconds,
+                            "n_evaluations": ap.n_evaluations}, all_heads(ctx.lm), info=info)
+
+
+def top_sets(estimate, heads: Sequence[Head], max_k: int, seed: int = 0) -> tuple[list[list[Head]], dict]:
+    """The nested top-k sets of per-head estimates (largest first), ties broken at random (seeded), never in the
+    heads' index order, and what the estimates can tell: ``signal`` is ``"none"`` when every estimate is equal
+    (the sets are then random heads), ``"ties"`` when a tie straddles the top ``max_k``, else ``"ok"``.
+
+    Example:
+        >>> sets, info = top_sets([0.0, 0.0, 0.0, 0.0], [(0, 0), (0, 1), (1, 0), (1, 1)], 2)
+        >>> info["signal"], sets[0] != [(0, 0)] or sets[1] != [(0, 0), (0, 1)]
+        ('none', True)
+    """
+    est = np.asarray(estimate, float)
+    order = np.lexsort((np.random.default_rng(seed).permutation(len(est)), -est))   # by estimate, ties at random
+    k = min(max_k, len(est))
+    straddles = k < len(est) and np.isclose(est[order[k - 1]], est[order[k]], rtol=0, atol=1e-12)
+    signal = "none" if np.ptp(est) <= 1e-12 else "ties" if straddles else "ok"
+    return ([sorted(heads[i] for i in order[:j]) for j in range(1, max_k + 1)],
+            {"signal": signal, "distinct_estimates": int(len(np.unique(est)))})
 
 
 @register

@@ -119,9 +119,10 @@ def test_the_table_row_check_sees_a_broken_row():
 
 @pytest.mark.parametrize("chapter", book.expected_chapters())
 def test_outputs_are_for_readers(staged, chapter):
-    """No output prints a dict or record, a bare figure label or a run time; every markdown table an output
-    emits has rows of equal width; no token renders as empty quotes; the static build leaves no live widget
-    (it shows a note or the kernel-free explorer instead)."""
+    """No output prints a dict or record, a bare figure label or a run time; no prose an output emits says "nan"
+    (a check that did not run prints nothing); every markdown table an output emits has rows of equal width; no
+    token renders as empty quotes; the static build leaves no live widget (it shows a note or the kernel-free
+    explorer instead)."""
     for mime, text in _outputs(staged, chapter):
         t = text.strip()
         if mime in ("text/plain", "stream"):
@@ -129,6 +130,8 @@ def test_outputs_are_for_readers(staged, chapter):
             assert not re.fullmatch(r"'?Figure \d+[a-z]?\.\d+'?", t), f"a bare figure label: {t}"
             assert not re.search(r"(\b(in|took|ran for)|:) \d+(\.\d+)? ?(s|min|seconds|minutes)\b", t), \
                 f"a timing line: {t[:80]}"
+        if mime in ("text/markdown", "stream"):
+            assert not re.search(r"(?<![\w.])[+-]?nan\b", t, re.I), f"'nan' in prose: {t[:160]}"
         if mime == "text/markdown":
             assert not _table_rows_unequal(t), f"a table row of another width: {_table_rows_unequal(t)[:1]}"
             assert not re.search(r"(\"\"|''|“”|``)(?!`)", t.replace("```", "")), f"an empty quoted token: {t[:120]}"

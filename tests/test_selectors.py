@@ -161,3 +161,21 @@ def test_an_unknown_strategy_is_refused_with_the_registry_listed(capsys):
         main(["search", "--model", "m", "--task", "agreement", "--strategy", "nonesuch"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "invalid choice: 'nonesuch'" in err and all(k in err for k in REGISTRY)
+
+
+def test_top_sets_flag_ties_and_never_read_index_order():
+    """Per-head estimates with no signal (all equal) give random heads, flagged 'none', not the first heads in
+    index order; a tie across the top k is flagged 'ties'; distinct estimates give the plain ranking."""
+    from cel_utils.selectors import top_sets
+
+    heads = [(l, h) for l in range(6) for h in range(5)]
+    firsts = []
+    for seed in range(5):
+        sets, info = top_sets(np.zeros(30), heads, 3, seed)
+        assert info["signal"] == "none" and info["distinct_estimates"] == 1
+        firsts.append(sets[2])
+    assert [(0, 0), (0, 1), (0, 2)] not in firsts and len({tuple(x) for x in firsts}) > 1
+    est = np.r_[0.5, 0.4, 0.3, np.zeros(27)]
+    sets, info = top_sets(est, heads, 3)
+    assert sets == [[(0, 0)], [(0, 0), (0, 1)], [(0, 0), (0, 1), (0, 2)]] and info["signal"] == "ok"
+    assert top_sets(est, heads, 4)[1]["signal"] == "ties"
