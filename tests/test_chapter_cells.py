@@ -82,3 +82,32 @@ def test_capability_chapter_picks_the_learned_gates_set(tmp_path):
         assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}
     del joint["selectors"]   # a chapter-2 record from before the section
     assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}
+
+
+def _joint_setup(tmp_path, **params):
+    """Chapter 2's parameters cell and its set-up cell (imports, checks, the tasks resolved), run with
+    ``params`` over the defaults; the namespace after them."""
+    cells = _code_cells("02_joint_search")
+    ns = {}
+    exec(compile(cells[0], "02 parameters", "exec"), ns)
+    ns.update(params, chapters_dir=str(tmp_path))
+    (src,) = [c for c in cells if 'if "calibrated" in (tasks, cost_tasks)' in c]
+    exec(compile(src, "02 set-up", "exec"), ns)
+    return ns
+
+
+def test_joint_chapter_takes_its_tasks_from_the_calibration(tmp_path):
+    """Chapter 2's default tasks are each model's first task of chapter 1a's calibration and its cost tasks all of
+    them (read from 1a's record); a dictionary is used as given; a model 1a calibrated nothing for is a clear
+    error naming it; without 1a's record the error names the chapter to run."""
+    with pytest.raises(FileNotFoundError, match="run 01a_landscape first"):
+        _joint_setup(tmp_path, models=["m1"])
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"tasks": {"m1": ["a", "b"], "m2": ["c"]}}))
+    ns = _joint_setup(tmp_path, models=["m1", "m2"])
+    assert ns["tasks"] == {"m1": ["a"], "m2": ["c"]} and ns["cost_tasks"] == {"m1": ["a", "b"], "m2": ["c"]}
+    ns = _joint_setup(tmp_path, models=["m1"], tasks={"m1": ["x"]})
+    assert ns["tasks"] == {"m1": ["x"]} and ns["cost_tasks"] == {"m1": ["a", "b"]}
+    with pytest.raises(ValueError, match="calibrated no task with room for m3"):
+        _joint_setup(tmp_path, models=["m1", "m3"])
+    with pytest.raises(ValueError, match='must be "calibrated" or a dictionary'):
+        _joint_setup(tmp_path, models=["m1"], tasks="agreement")
