@@ -2,7 +2,8 @@
 
 :func:`table` turns a tidy DataFrame into HTML with readable headers, a fixed number of digits, confidence
 intervals as ``[low, high]`` (a ``*ci_low`` column next to its ``*ci_high`` is found by itself), no 0..n index
-(a named index becomes a column), empty cells instead of NaN, text that wraps at spaces, and a wrapper that
+(a named index becomes a column), empty cells instead of NaN, text that wraps at spaces and head-set names
+that wrap after each ``+``, and a wrapper that
 scrolls sideways inside the text column instead of being cut off.
 
 Example:
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import numbers
+import re
 
 import numpy as np
 import pandas as pd
@@ -26,6 +28,7 @@ import pandas as pd
 WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "dacc": "change in accuracy",
          "ci": "95% CI", "n": "number of", "mde": "min. detectable gain", "pct": "%", "kv": "key/value"}
 SPLITS = {"search": "search split", "confirm": "confirm split", "held-out": "held-out", "explore": "explore split"}
+SET_BREAK = re.compile(r"\+(?=L\d+H\d)")   # a head-set name (L0H7+L11H6) may break after each "+"
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction", "area")
 
 
@@ -99,7 +102,7 @@ def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str]
                 txt = f(r[c]) if callable(f) else f.format(r[c])
             else:
                 txt = cell(r[c], c, digits)
-            cells.append(f"<td>{escape(txt)}</td>")
+            cells.append(f"<td>{SET_BREAK.sub('+<wbr>', escape(txt))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     if not rows:   # an empty table says so instead of showing bare headers
         rows.append(f'<tr><td colspan="{len(cols)}"><em>none</em></td></tr>')

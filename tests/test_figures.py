@@ -202,3 +202,12 @@ def test_tradeoff_scatter_lays_out_any_number_of_task_pairs():
     assert len(fig.layout.annotations) >= 24  # the panel titles
     domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")})
     assert len(domains) == 12 and all(b[0] > a[1] for a, b in zip(domains, domains[1:]))  # rows do not overlap
+
+
+def test_head_set_names_wrap_after_each_plus_and_numbers_do_not():
+    """A long head-set name may break after each '+' (a <wbr>), so a ten-head set does not widen its column; a
+    signed number keeps its '+'; the visible text is unchanged."""
+    df = pd.DataFrame({"heads": ["L0H7+L11H6+L3H2"], "delta_accuracy": [0.125], "note": ["1 + 2 = L3"]})
+    html = tables.table(df).data
+    assert "<td>L0H7+<wbr>L11H6+<wbr>L3H2</td>" in html and "<td>+0.125</td>" in html and "1 + 2 = L3" in html
+    assert "L0H7+L11H6+L3H2" in _visible_text(html)
