@@ -43,7 +43,7 @@ def test_markdown_table_rows_keep_their_maths_in_one_cell(name):
         assert all(cell.replace("\\$", "").count("$") % 2 == 0 for cell in cells), row
 
 
-def _picks(land, joint, tmp_path):
+def _picks(land, joint, tmp_path, battery_pairs=1):
     """Chapter 1c's cell that picks the head sets for the battery, run on the given records (no model)."""
     import numpy as np
     import pandas as pd
@@ -52,12 +52,12 @@ def _picks(land, joint, tmp_path):
     from cel_utils.formats import FORMATS
     from cel_utils.records import Records
 
-    (src,) = [c for c in _code_cells("01c_capability") if "picks = []" in c]
+    (src,) = [c for c in _code_cells("01c_capability") if "picks, left = [], []" in c]
     for name, r in (("01a_landscape", land), ("02_joint_search", joint)):
         (tmp_path / f"{name}.record.json").write_text(json.dumps(r))
     ns = {"rec": Records(tmp_path), "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
           "FORMATS": FORMATS, "other_confirmed": 10,
-          "layer_of": layer_of, "seed": 0, "random_heads": 2, "display": lambda *a, **k: None,
+          "layer_of": layer_of, "seed": 0, "random_heads": 2, "battery_pairs": battery_pairs, "Markdown": str, "display": lambda *a, **k: None,
           "tables": type("T", (), {"table": staticmethod(lambda *a, **k: None)})}
     exec(compile(src, "01c_capability picks", "exec"), ns)
     return [tuple(p) for p in ns["picks"]]
@@ -94,6 +94,19 @@ def _joint_setup(tmp_path, **params):
     (src,) = [c for c in cells if 'if "calibrated" in (tasks, cost_tasks)' in c]
     exec(compile(src, "02 set-up", "exec"), ns)
     return ns
+
+
+def test_capability_chapter_takes_battery_pairs_per_model_in_calibration_order(tmp_path):
+    """Two localized pairs of one model: with battery_pairs = 1 only the first (chapter 1a's order) goes through
+    the battery; with 2 both do."""
+    def pair(task):
+        return {"model": "m", "task": task, "screened_heads": ["L1H1", "L2H2", "L3H3"], "delta_margin": [0.4, 0.3, 0.2],
+                "confirmed": ["L1H1"], "delta_accuracy": [0.0] * 3,
+                "sets": [{"heads": "L1H1", "offered": True, "confirm_delta_accuracy": 0.1}]}
+    land = {"verdict": [{"model": "m", "task": t, "holds": True, "chosen": "L1H1"} for t in ("comparison", "addition")],
+            "pairs": [pair("comparison"), pair("addition")]}
+    assert {p[1] for p in _picks(land, {}, tmp_path)} == {"comparison"}
+    assert {p[1] for p in _picks(land, {}, tmp_path, battery_pairs=2)} == {"comparison", "addition"}
 
 
 def test_joint_chapter_takes_its_tasks_from_the_calibration(tmp_path):
