@@ -163,11 +163,12 @@ def test_landscape_records(staged):
     r = record(staged, "01a_landscape")
     cal, (lo, hi) = pd.DataFrame(r["calibration"]), r["band"]
     ci = CI_PARAMETERS["01a_landscape"]
-    assert set(cal.split) == {"search"} and (cal.n == ci["n_search"]).all()
+    assert set(cal.split) == {"search"} and (cal.n == r["parameters"]["n_calibrate"]).all()
     assert sorted(cal.task) == sorted(t for ts in ci["candidates"].values() for t in ts)
     assert (cal.kept == cal.search_baseline.between(lo, hi)).all()
     assert r["tasks"] == {m: ts for m, ts in pick(cal, ci["pairs_per_model"]).items() if ts}
     assert {(p["model"], p["task"]) for p in r["pairs"]} == {(m, t) for m, ts in r["tasks"].items() for t in ts}
+    assert ci["n_calibrate"] == ci["n_search"]   # so the calibration's accuracy is the screen's, by another path
     for v in r["verdict"]:
         row = cal[(cal.model == v["model"]) & (cal.task == v["task"])].iloc[0]
         assert row.search_baseline == pytest.approx(v["search_baseline"])
