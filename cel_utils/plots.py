@@ -440,8 +440,9 @@ def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figur
     on general English text (y, 95% CI); one colour per label."""
     fig = go.Figure()
     for lab, g in rows.groupby("label", sort=False):
+        names = g["task"] + ": " + g["heads"] if "task" in g else g["heads"]   # one head may serve two tasks
         fig.add_trace(go.Scatter(
-            x=g["gain"], y=g["text_nll_delta"], mode="markers+text", text=g["heads"], textposition="top center",
+            x=g["gain"], y=g["text_nll_delta"], mode="markers+text", text=names, textposition="top center",
             name=lab, marker=dict(size=11),
             error_x=clipped_bars(g["gain"], g["gain_ci_low"], g["gain_ci_high"]),
             error_y=dict(type="data", symmetric=False, array=(g["nll_ci_high"] - g["text_nll_delta"]).clip(lower=0),
@@ -451,7 +452,8 @@ def gain_vs_collateral(rows: pd.DataFrame, title: str | None = None) -> go.Figur
     width = 640
     fig.update_layout(title=dict(text=fit(title or "gain on the task against cost on general text", width)),
                       xaxis_title="change in held-out accuracy (own task)",
-                      yaxis_title="change in NLL per token, general text (nats)", height=420, width=width)
+                      yaxis_title="change in NLL per token, general text (nats)", height=420, width=width,
+                      showlegend=True, legend_title_text="label")   # a legend even when one label is shown
     return fig
 
 

@@ -211,3 +211,14 @@ def test_head_set_names_wrap_after_each_plus_and_numbers_do_not():
     html = tables.table(df).data
     assert "<td>L0H7+<wbr>L11H6+<wbr>L3H2</td>" in html and "<td>+0.125</td>" in html and "1 + 2 = L3" in html
     assert "L0H7+L11H6+L3H2" in _visible_text(html)
+
+
+def test_gain_vs_collateral_has_a_legend_and_names_the_task():
+    """The caption says 'coloured by label': the legend shows even with one label, and a head chosen on two
+    tasks is two distinct points (its task in the point's text)."""
+    rows = pd.DataFrame({"label": ["inconclusive"] * 2, "heads": ["L0H7", "L0H7"], "task": ["agreement", "ioi"],
+                         "gain": [0.1, 0.05], "gain_ci_low": [0.0, -0.02], "gain_ci_high": [0.2, 0.1],
+                         "text_nll_delta": [0.01, 0.02], "nll_ci_low": [0.0, 0.01], "nll_ci_high": [0.02, 0.03]})
+    fig = plots.gain_vs_collateral(rows)
+    assert fig.layout.showlegend is True and fig.layout.legend.title.text == "label"
+    assert list(fig.data[0].text) == ["agreement: L0H7", "ioi: L0H7"]
