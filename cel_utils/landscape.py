@@ -20,7 +20,7 @@ from .ablation import Ablation, Head, format_heads, parse_heads
 from .defaults import FDR, N_BOOT, POWER, POWER_GAIN
 from .joint import cross_task
 from .power import pipeline_power
-from .stats import min_detectable_gain
+from .stats import bootstrap_mean, min_detectable_gain
 from .tasks import Task
 from .verdict import Verdict, power_inputs
 
@@ -167,9 +167,31 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
     gains = js.pool_control["heldout_delta_accuracy"].to_numpy()
     pools = (f"{r['control_better']} of {len(gains)} random pools put through the same pipeline chose a set with a "
              f"larger held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
-             "that confirms nothing counts as 0)" if len(gains) else "no random pool was run")
-    row["verdict"] = f"{js.run.sentence()}; {pools}"
+             f"that confirms nothing counts as 0; with {len(gains)} pools the smallest p-value this control could "
+             f"give is {1 / (len(gains) + 1):.2f})" if len(gains) else "no random pool was run")
+    row.update(several_vs_one(js, r["chosen"]))
+    row["verdict"] = f"{js.run.sentence()}; {pools}" + row.pop("vs_sentence")
     return row
+
+
+def several_vs_one(js, chosen: str) -> dict:
+    """Does removing several help more than one? The chosen set against the pool's best single head on the same
+    held-out items: the paired difference in accuracy with its bootstrap 95% CI (``vs_single_*``; NaN for a
+    single head) and a clause saying it (``vs_sentence``)."""
+    out = {"vs_single": None, "vs_single_delta": np.nan, "vs_single_ci_low": np.nan, "vs_single_ci_high": np.nan,
+           "vs_sentence": ""}
+    b, cmp = js.best, js.run.heldout_comparison
+    ones = b[b["size"] == 1]["heads"].tolist()
+    if "+" not in chosen or not ones or cmp is None or not {chosen, ones[0]} <= set(cmp.names):
+        return out
+    a, o = (cmp.results.correct[cmp.names.index(n)].astype(float) for n in (chosen, ones[0]))
+    d, lo, hi = bootstrap_mean(a - o, js.run.design.n_boot, js.run.design.seed)
+    out.update(vs_single=ones[0], vs_single_delta=d, vs_single_ci_low=lo, vs_single_ci_high=hi,
+               vs_sentence=f"; against the pool's best single head ({ones[0]}) on the same held-out items the set "
+                           f"changes accuracy by {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired), so removing several "
+                           + ("helps more than removing one" if lo > 0 else "helps less than removing one" if hi < 0
+                              else "is not shown to help more than removing one"))
+    return out
 
 
 def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: int = 1000) -> pd.DataFrame:

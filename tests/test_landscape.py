@@ -2,6 +2,8 @@
 windows against screens made here, and the power model's search stage beside it."""
 
 import numpy as np
+import pandas as pd
+import pytest
 
 from cel_utils.landscape import power_check, rank_stability
 
@@ -41,3 +43,27 @@ def test_power_check_sets_the_model_beside_the_windows(tiny_llama):
     pc = power_check(v, st, n_sim=100)
     assert pc["head"].tolist() == v.confirmed
     assert ((pc.modelled_p_rank >= 0) & (pc.modelled_p_rank <= 1)).all() and (pc.windows == 2).all()
+
+
+def test_several_vs_one_is_the_paired_difference_with_the_best_single_head():
+    """The chosen two-head set against the pool's best single head on the same held-out items: the mean of the
+    per-item differences (by hand) inside its CI, the clause that reads it, nothing for a single head."""
+    from types import SimpleNamespace
+
+    from cel_utils.design import Design
+    from cel_utils.landscape import several_vs_one
+    from cel_utils.scoring import ItemResults
+
+    rng = np.random.default_rng(0)
+    single = rng.random(120) < 0.5
+    pair = single | (rng.random(120) < 0.4)                      # fixes many items, breaks none
+    cmp = SimpleNamespace(names=["L1H0", "L1H0+L2H3"],
+                          results=ItemResults(np.stack([single, pair]), np.zeros((2, 120))))
+    js = SimpleNamespace(best=pd.DataFrame({"size": [1, 2], "heads": ["L1H0", "L1H0+L2H3"]}),
+                         run=SimpleNamespace(heldout_comparison=cmp, design=Design(n_boot=300)))
+    out = several_vs_one(js, "L1H0+L2H3")
+    by_hand = (pair.sum() - single.sum()) / 120
+    assert out["vs_single"] == "L1H0" and out["vs_single_delta"] == pytest.approx(by_hand)
+    assert 0 < out["vs_single_ci_low"] < by_hand < out["vs_single_ci_high"]
+    assert "helps more than removing one" in out["vs_sentence"]
+    assert several_vs_one(js, "L1H0")["vs_sentence"] == ""
