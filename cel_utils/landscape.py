@@ -92,7 +92,9 @@ def tradeoff(landscape: pd.DataFrame, confirmed: dict, value: str = "delta_margi
                     row["p_value"] = float(fisher_exact([[k_c, len(c) - k_c], [k_o, len(o) - k_o]],
                                                         alternative="greater").pvalue)
                 rows.append(row)
-    tests = pd.DataFrame(rows)
+    tests = pd.DataFrame(rows, columns=["model", "task_a", "task_b", "heads", "help_a", "confirmed", "confirmed_hurt_b",
+                                        "others_help_a", "others_hurt_b", "share_confirmed", "share_others",
+                                        "p_value"])   # no model with two tasks: no row, the same columns
     tested = tests.p_value.notna()
     tests["p_holm"] = np.nan
     tests.loc[tested, "p_holm"] = holm(tests.loc[tested, "p_value"].to_numpy())
