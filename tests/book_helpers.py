@@ -7,8 +7,7 @@ import json
 CI_PARAMETERS = {
     "01_screening": {"n_search": 8, "n_confirm": 10, "n_heldout": 8, "top_k": 3, "heads": "all"},
     # fdr above 1 confirms every re-tested head that gains, so that the held-out, cost and mean-ablation paths run
-    "01a_landscape": {"candidates": {"smollm2-135m": ["addition", "sentiment", "agreement_2attr"],
-                                     "gemma3-270m": ["comparison_close"]},
+    "01a_landscape": {"candidates": {"smollm2-135m": ["addition", "sentiment"], "gemma3-270m": ["agreement_rc"]},
                       "pairs_per_model": 2, "band": [0.0, 1.0], "n_calibrate": 6,
                       "n_search": 6, "n_confirm": 10, "n_heldout": 8, "n_cost": 6, "screen_heads": "L13,L14",
                       "top_k": 2, "fdr": 1.01, "power_sims": 200, "design_sims": 100},
