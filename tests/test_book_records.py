@@ -224,7 +224,11 @@ def test_landscape_records(staged):
     assert not any(t == "addition" for t, _ in kinds)               # exact match: no classes
     assert set(kinds.values()) <= {"no class loses items", "a class loses items", "harmful", "unclear", "none"}
     sizes = {t["task"]: t for t in r["task_sizes"]}
-    assert sizes["capitals"]["best_case_mde"] > sizes["addition"]["best_case_mde"] - 1e-12
+    # the sizes table covers the calibrated candidates; the best-case MDE depends on the items used alone, so
+    # tasks using as many confirm items have the same one (capitals, whose split is smaller, was in it before)
+    assert set(sizes) == {t for ts in CI_PARAMETERS["01a_landscape"]["candidates"].values() for t in ts}
+    full = [t for t in sizes.values() if t["confirm_items"] >= t["used"]]
+    assert len(full) >= 2 and len({(t["used"], t["best_case_mde"]) for t in full}) == 1
 
 
 def test_joint_search_records(staged):
