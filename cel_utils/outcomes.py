@@ -79,7 +79,11 @@ def checked(df: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
         if not ok.all():
             raise CELError(f"'correct' must be 0/1 or true/false; got {df['correct'][~ok].iloc[0]!r}")
         df["correct"] = raw.astype(int).astype(bool)
-    df["margin"] = pd.to_numeric(df["margin"], errors="raise").astype(float) if "margin" in df else np.nan
+    if "margin" in df:
+        margin = pd.to_numeric(df["margin"], errors="coerce")
+        if (margin.isna() & df["margin"].notna()).any():
+            raise CELError(f"'margin' must be a number; got {df['margin'][margin.isna() & df['margin'].notna()].iloc[0]!r}")
+    df["margin"] = margin.astype(float) if "margin" in df else np.nan
     if "correct" not in df:
         df["correct"] = df["margin"] > 0
     dup = df.duplicated(["split", "item", "condition"])

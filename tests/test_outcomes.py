@@ -80,6 +80,7 @@ def test_outcome_verdict_against_scipy_by_hand():
     (lambda d: d.drop(columns="condition"), "lacks column(s) condition"),
     (lambda d: d.iloc[1:], "every condition needs every item"),
     (lambda d: d.assign(split=d["split"].replace("heldout", "test")), "unknown split(s) test"),
+    (lambda d: d.assign(margin=["x"] + [0.5] * (len(d) - 1)), "'margin' must be a number; got 'x'"),
 ])
 def test_cel_stats_refuses_malformed_tables_and_writes_nothing(tmp_path, capsys, change, message):
     src, out = tmp_path / "t.csv", tmp_path / "out.json"
