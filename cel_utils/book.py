@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import lockfile
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 CHAPTERS_DIR = ROOT / "book" / "chapters"
@@ -216,7 +218,8 @@ def _write_status_page(out: Path, rows: list[dict]) -> None:
                      f"{cached(r)} | {'ok' if r['ok'] else 'FAILED'} |")
     total = sum(r["seconds"] for r in rows)
     lines += ["", f"Total: {_minutes(total)}.", "", "Package versions: "
-              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + "."]
+              + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + f". Installed from the lock file "
+              f"`{lockfile.LOCK}` (SHA-256 `{lockfile.digest()}...`; `make lock` regenerates it)."]
     (out / "execution_status.md").write_text("\n".join(lines) + "\n")
     # the course guide includes this table of run times, so it never states a time by hand
     times = ["| chapter | run time at default parameters |", "|---|---|"]

@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from cel_utils import book
+from cel_utils import book, lockfile
 
 pytestmark = pytest.mark.notebook
 
@@ -53,6 +53,7 @@ def test_execution_status_page(built, staged):
     for ch in book.expected_chapters():
         assert ch in html and H.escape(book.title(book.NOTEBOOKS / f"{ch}.ipynb"), quote=False) in html
     assert "commit" in html and "torch" in html and "reused" in html
+    assert "requirements.lock" in html and lockfile.digest() in html   # the lock every install read
     guide = (built / "book" / "course_guide.html").read_text(encoding="utf-8")
     _, status = staged
     assert all(f"{s['seconds']:.0f} s" in guide or f"{s['seconds'] / 60:.1f} min" in guide for s in status)

