@@ -28,6 +28,7 @@ are in :mod:`cel_utils.cli_common`. Bad input exits with status 2 and a one-line
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -259,14 +260,25 @@ def cmd_exercises(args):
         raise SystemExit(1)
 
 
-COMMANDS = {"models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
+def cmd_lm_eval(args):
+    """lm-eval's own command line, with the model type ``cel`` (heads removed) registered."""
+    from .lm_eval_model import run_cli
+
+    run_cli(args.lm_eval_args)
+
+
+COMMANDS = {"lm-eval": cmd_lm_eval, "models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
             "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate, "stats": cmd_stats,
             "explain": cmd_explain,
             "theory": cmd_theory, "exercises": cmd_exercises}
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:   # every later argument is lm-eval's own (argparse would read --help as ours)
+        args = argparse.Namespace(cmd="lm-eval", lm_eval_args=argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     no_cache, before = getattr(args, "no_cache", False), os.environ.get("CEL_NO_CACHE")
     if no_cache:  # for this command only: a caller's process keeps its own setting
         os.environ["CEL_NO_CACHE"] = "1"

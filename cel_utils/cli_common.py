@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
                                ("--steps", int, 4000), ("--lr", float, 0.5)):
         t.add_argument(flag, type=typ, default=default)
     t.add_argument("--out", default=None)
+    le = sub.add_parser("lm-eval", add_help=False,
+                        help="lm-evaluation-harness's command line with the model type `cel` (heads removed)")
+    le.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm_eval's own arguments")
     ex = sub.add_parser("exercises", help="the checked exercises: list them, or grade a learner's notebook offline")
     ex_sub = ex.add_subparsers(dest="action", required=True, parser_class=Parser)
     ex_sub.add_parser("list", help="one line per checked exercise: label, chapter, function, check")
