@@ -1,0 +1,167 @@
+"""Remove, scale or boost a head: dose curves, boosting the heads that promote the answer, the per-item ceiling.
+
+Chapter 2b asks which intervention on a head helps, not only whether removal does:
+
+* :func:`dose_curve` -- a head set's output multiplied by ``alpha`` (``alpha = 0`` is removal, ``1`` the intact
+  model) on the confirm and held-out items; the dose is chosen on confirm items and graded on held-out items,
+  where removal is tested against it (paired: exact McNemar on the items where the two disagree);
+* :func:`direct_ranking` -- every head ranked on the search split by how reliably its *direct* effect promotes
+  the right answer over its competitor (chapter 2a's machinery); the top ones are the ones to *boost*;
+* :func:`per_item_ceiling` -- the fraction of wrong items that *some* single-head removal fixes (an oracle that
+  chooses on the item itself) beside the same fraction with the item-head link broken (each head's flips
+  permuted over the wrong items): the gap is what per-item head choice could at most add.
+
+    >>> import numpy as np
+    >>> base = np.array([0, 0, 0, 0, 1], bool)
+    >>> flips = np.array([[1, 0, 0, 0, 1], [0, 1, 0, 0, 1]], bool)   # [head, item]: right after removal
+    >>> c = per_item_ceiling(base, flips, n_perm=50)
+    >>> c["oracle"], c["wrong_items"]
+    (0.5, 4)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .ablation import Ablation, format_set, head_name
+from .compare import paired_table
+from .engine import evaluate_head_sets
+from .stats import mcnemar_exact, paired_bootstrap
+
+ALPHAS = (-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # the issue's grid: 0 removes, 1 is the intact model
+
+
+def shape_of(alpha: float) -> str:
+    """What the dose chosen on confirm items says about the curve.
+
+        >>> shape_of(0.0), shape_of(0.5), shape_of(-0.5), shape_of(1.5), shape_of(1.0)
+        ('removal is the best dose', 'an interior optimum', 'beyond removal (negative alpha)', 'boosting helps', 'no dose helps')
+    """
+    if alpha == 0:
+        return "removal is the best dose"
+    if 0 < alpha < 1:
+        return "an interior optimum"
+    if alpha < 0:
+        return "beyond removal (negative alpha)"
+    return "boosting helps" if alpha > 1 else "no dose helps"
+
+
+@dataclass
+class DoseCurve:
+    """One head set's dose curve: ``table`` (one row per split and alpha), the chosen dose and removal's test."""
+
+    heads: str
+    table: pd.DataFrame
+    chosen_alpha: float
+    removal_vs_best: dict
+
+    @property
+    def shape(self) -> str:
+        return shape_of(self.chosen_alpha)
+
+    def record(self) -> dict:
+        return {"heads": self.heads, "chosen_alpha": self.chosen_alpha, "shape": self.shape,
+                "removal_vs_best": self.removal_vs_best, "curve": self.table.to_dict("records")}
+
+
+def _evaluate(lm, enc, heads, alphas, progress=False):
+    """Per alpha the (correct, margin) rows of the head set scaled by alpha; alpha = 1 is the intact model."""
+    out = {}
+    for a in alphas:
+        sets = [[]] if a == 1 else [list(heads)]
+        out[a] = evaluate_head_sets(lm, enc, sets, mode=Ablation.of("scale", alpha=a), progress=progress)
+    return out
+
+
+def dose_curve(lm, encs: dict, heads, alphas=ALPHAS, n_boot: int = 1000, seed: int = 0) -> DoseCurve:
+    """The curve of ``heads`` (removed together, scaled by each alpha) on ``encs["confirm"]`` and
+    ``encs["heldout"]`` (encoded tasks); the dose with the largest confirm gain in accuracy (ties: margin, then
+    the alpha nearest 0) is the chosen one, and on held-out items removal is tested against it."""
+    alphas = sorted(set(alphas) | {0.0, 1.0})
+    rows, per = [], {}
+    for split in ("confirm", "heldout"):
+        res = _evaluate(lm, encs[split], heads, alphas)
+        base = res[1.0]
+        for a in alphas:
+            t = paired_table([f"alpha {a:g}"], base, res[a], n_boot=n_boot, seed=seed).iloc[0]
+            rows.append({"split": split, "alpha": a, **t.to_dict()})
+        per[split] = res
+    table = pd.DataFrame(rows)
+    chosen = choose_dose(table)
+    held = per["heldout"]
+    test = removal_vs(held[0.0].correct[0], held[chosen].correct[0], n_boot=n_boot, seed=seed)
+    return DoseCurve(format_set(heads), table, chosen, test)
+
+
+def choose_dose(table: pd.DataFrame) -> float:
+    """The alpha with the largest confirm gain in accuracy (ties: margin, then the alpha nearest 0); 1 (the
+    intact model) when no dose gains.
+
+        >>> t = pd.DataFrame({"split": "confirm", "alpha": [0.0, 0.5, 1.0, 2.0],
+        ...                   "delta_accuracy": [0.05, 0.08, 0.0, 0.08], "delta_margin": [0.1, 0.3, 0.0, 0.2]})
+        >>> choose_dose(t)
+        0.5
+    """
+    conf = table[(table.split == "confirm") & (table.alpha != 1.0)].copy()
+    conf["dist"] = conf.alpha.abs()
+    best = conf.sort_values(["delta_accuracy", "delta_margin", "dist"], ascending=[False, False, True]).iloc[0]
+    return float(best.alpha) if best.delta_accuracy > 0 else 1.0
+
+
+def removal_vs(removed: np.ndarray, other: np.ndarray, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Another dose against removal on the same items: mean(other - removed) with a paired-bootstrap CI, and the
+    exact McNemar test on the items where they disagree (``better``: right only under the other dose).
+
+        >>> removal_vs(np.array([1, 0, 0, 1]), np.array([1, 1, 1, 1]))["better"]
+        2
+    """
+    r, o = np.asarray(removed, bool), np.asarray(other, bool)
+    better, worse = int((o & ~r).sum()), int((r & ~o).sum())
+    b = paired_bootstrap(r.astype(float), o.astype(float), n_boot=n_boot, seed=seed)
+    return {"delta": b["delta"], "ci_low": b["ci_low"], "ci_high": b["ci_high"], "better": better, "worse": worse,
+            "p_value": float(mcnemar_exact(np.array([better]), np.array([worse]))[0])}
+
+
+@torch.no_grad()
+def direct_ranking(lm, task) -> pd.DataFrame:
+    """Every head ranked by how reliably its direct effect promotes the answer over the competitor on ``task``'s
+    items (the search split): ``share_positive`` (items where it does) first, then the mean direct effect."""
+    from .mechanism import choose_reads, direct_diff, head_output, trace
+
+    tr = trace(lm, choose_reads(lm, task))
+    rows = []
+    for layer in range(lm.n_layers):
+        for h in range(lm.n_heads):
+            d = direct_diff(lm, tr, head_output(lm, tr, (layer, h))).numpy()   # [n]
+            rows.append({"head": head_name((layer, h)), "layer": layer, "head_index": h,
+                         "share_positive": float((d > 0).mean()), "mean_direct": float(d.mean())})
+    return pd.DataFrame(rows).sort_values(["share_positive", "mean_direct"], ascending=False,
+                                          ignore_index=True)
+
+
+def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm: int = 1000, seed: int = 0,
+                     static_correct: np.ndarray | None = None) -> dict:
+    """The oracle share of wrong items some single-head removal fixes, and its null.
+
+    ``base_correct [n]``: the intact model; ``head_correct [heads, n]``: each head removed alone. The null keeps
+    every head's number of fixes and permutes which wrong items they fall on (independently per head), so it is
+    the oracle's value if the item-head link carried nothing. ``static_correct [n]``: one fixed set removed on all
+    items, for comparison (the share of wrong items it fixes).
+    """
+    wrong = ~np.asarray(base_correct, bool)
+    fixes = np.asarray(head_correct, bool)[:, wrong]                 # [heads, wrong items]
+    n = int(wrong.sum())
+    if n == 0:
+        return {"wrong_items": 0, "oracle": float("nan"), "null_mean": float("nan"), "null_low": float("nan"),
+                "null_high": float("nan"), "gap": float("nan"), "p_value": float("nan"), "static": float("nan")}
+    oracle = float(fixes.any(axis=0).mean())
+    rng = np.random.default_rng(seed)
+    null = np.array([rng.permuted(fixes, axis=1).any(axis=0).mean() for _ in range(n_perm)])
+    static = float(np.asarray(static_correct, bool)[wrong].mean()) if static_correct is not None else float("nan")
+    return {"wrong_items": n, "oracle": oracle, "null_mean": float(null.mean()),
+            "null_low": float(np.quantile(null, 0.025)), "null_high": float(np.quantile(null, 0.975)),
+            "gap": oracle - float(null.mean()), "p_value": float((1 + (null >= oracle).sum()) / (n_perm + 1)),
+            "static": static}

@@ -1,0 +1,114 @@
+"""Dose curves, the direct ranking and the per-item ceiling (cel_utils/dose.py), on tiny models and planted
+outcomes; the oracles are the engine's own zero ablation and the intact model, and hand counts."""
+
+import numpy as np
+import pytest
+import torch
+
+from cel_utils import dose
+from cel_utils.ablation import Ablation, ablate_heads
+from cel_utils.engine import evaluate_head_sets
+from cel_utils.scoring import encode_task
+from cel_utils.tasks import load_task
+from cel_utils.tiny import tiny_model
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return tiny_model("llama")
+
+
+def _logits(lm, text="12 + 34 = 46"):
+    ids = torch.tensor([lm.tokenizer(text)["input_ids"]])
+    with torch.no_grad():
+        return lm.model(input_ids=ids, use_cache=False).logits
+
+
+def test_alpha_one_is_the_intact_model_and_alpha_zero_is_removal(lm):
+    ref = _logits(lm)
+    with ablate_heads(lm, "L0H1,L1H0", Ablation.of("scale", alpha=1.0)):
+        same = _logits(lm)
+    torch.testing.assert_close(same, ref, rtol=0, atol=0)          # bit-identical
+    with ablate_heads(lm, "L0H1,L1H0", "zero"):
+        zero = _logits(lm)
+    with ablate_heads(lm, "L0H1,L1H0", Ablation.of("scale", alpha=0.0)):
+        scaled = _logits(lm)
+    torch.testing.assert_close(scaled, zero, rtol=0, atol=0)
+    assert (zero - ref).abs().max() > 1e-3                          # the heads matter on this model
+
+
+def test_dose_curve_matches_the_engine_at_each_alpha(lm):
+    encs = {s: encode_task(lm, load_task("addition", s, n=12)) for s in ("confirm", "heldout")}
+    heads = [(0, 1), (1, 0)]
+    curve = dose.dose_curve(lm, encs, heads, alphas=(0.0, 0.5, 2.0), n_boot=200)
+    t = curve.table
+    assert sorted(t.alpha.unique()) == [0.0, 0.5, 1.0, 2.0]
+    base = evaluate_head_sets(lm, encs["heldout"], [[]], progress=False, result_cache=False)
+    zero = evaluate_head_sets(lm, encs["heldout"], [heads], mode="zero", progress=False, result_cache=False)
+    row = t[(t.split == "heldout") & (t.alpha == 0.0)].iloc[0]
+    assert row.delta_accuracy == pytest.approx(zero.accuracy[0] - base.accuracy[0])
+    assert row.delta_margin == pytest.approx(zero.mean_margin[0] - base.mean_margin[0], abs=1e-5)
+    one = t[t.alpha == 1.0]
+    assert (one.delta_accuracy == 0).all() and (one.delta_margin == 0).all()
+    conf = t[(t.split == "confirm") & (t.alpha != 1.0)]
+    if conf.delta_accuracy.max() > 0:                               # the chosen dose is the confirm argmax
+        assert curve.chosen_alpha in set(conf[conf.delta_accuracy == conf.delta_accuracy.max()].alpha)
+    else:
+        assert curve.chosen_alpha == 1.0
+    assert curve.shape == dose.shape_of(curve.chosen_alpha)
+
+
+def test_removal_vs_counts_disagreements_by_hand():
+    removed = np.array([1, 1, 0, 0, 0, 1], bool)
+    other = np.array([1, 0, 1, 1, 0, 1], bool)
+    r = dose.removal_vs(removed, other, n_boot=200)
+    assert (r["better"], r["worse"]) == (2, 1)
+    assert r["delta"] == pytest.approx(1 / 6)
+    assert r["p_value"] == pytest.approx(1.0)                       # 2 vs 1 disagreements: exact two-sided p = 1
+
+
+def test_ceiling_null_is_near_zero_for_random_flips_and_positive_for_item_specific_heads():
+    rng = np.random.default_rng(0)
+    base = np.zeros(400, bool)
+    random_flips = rng.random((20, 400)) < 0.05                     # each head fixes items at random
+    c = dose.per_item_ceiling(base, random_flips, n_perm=300, seed=1)
+    assert abs(c["gap"]) < 0.03 and c["p_value"] > 0.05
+    specific = np.zeros((20, 400), bool)                            # head j fixes items 20j..20j+19 only
+    for j in range(20):
+        specific[j, 20 * j:20 * j + 20] = True
+    c = dose.per_item_ceiling(base, specific, n_perm=300, seed=1)
+    assert c["oracle"] == 1.0 and c["gap"] > 0.3 and c["p_value"] < 0.01
+    # the same fixes on the same items (one easy set) fall below the null
+    shared = np.zeros((20, 400), bool)
+    shared[:, :20] = True
+    assert dose.per_item_ceiling(base, shared, n_perm=300)["gap"] < -0.3
+
+
+def test_ceiling_reads_only_wrong_items_and_the_static_set():
+    base = np.array([1, 1, 0, 0], bool)
+    heads = np.array([[0, 0, 1, 0], [1, 1, 0, 0]], bool)            # head 2 fixes nothing wrong
+    c = dose.per_item_ceiling(base, heads, n_perm=50, static_correct=np.array([1, 1, 1, 1], bool))
+    assert c["wrong_items"] == 2 and c["oracle"] == 0.5 and c["static"] == 1.0
+
+
+def test_direct_ranking_orders_by_share_then_mean(lm):
+    r = dose.direct_ranking(lm, load_task("addition", "search", n=6))
+    assert len(r) == lm.n_layers * lm.n_heads
+    key = list(zip(r.share_positive, r.mean_direct))
+    assert key == sorted(key, reverse=True)
+    assert r.share_positive.between(0, 1).all()
+
+
+def test_choose_dose_takes_the_confirm_argmax_and_never_reads_heldout():
+    import pandas as pd
+
+    t = pd.DataFrame({"split": ["confirm"] * 4 + ["heldout"] * 4, "alpha": [0.0, 0.5, 1.0, 2.0] * 2,
+                      "delta_accuracy": [0.10, 0.02, 0.0, -0.05, 0.0, 0.9, 0.0, 0.9],
+                      "delta_margin": [0.2, 0.1, 0.0, -0.1, 0.0, 1.0, 0.0, 1.0]})
+    assert dose.choose_dose(t) == 0.0
+    t.loc[t.split == "confirm", "delta_accuracy"] = [0.10, 0.10, 0.0, 0.10]   # a tie: the margin decides
+    assert dose.choose_dose(t) == 0.0
+    t.loc[t.split == "confirm", "delta_margin"] = [0.2, 0.2, 0.0, 0.2]        # then the alpha nearest 0
+    assert dose.choose_dose(t) == 0.0
+    t.loc[t.split == "confirm", "delta_accuracy"] = [-0.1, -0.2, 0.0, 0.0]    # no dose gains: the intact model
+    assert dose.choose_dose(t) == 1.0
