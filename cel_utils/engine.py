@@ -9,7 +9,9 @@ full forward per head set over every (item, choice) sequence) and uses the struc
 * several head sets are evaluated in one batched forward, one head set per group of rows;
 * logits are computed only at the positions that scoring reads;
 * each item's prompt is run once for all its one-token choices (see :mod:`cel_utils.scoring`), and a
-  prompt prefix that every item shares (few-shot demonstrations) once per head set (:func:`common_prefix`).
+  prompt prefix that every item shares (few-shot demonstrations) once per head set (:func:`common_prefix`),
+  itself from the first ablated layer up: its keys and values below that layer are the clean run's
+  (:class:`PrefixKV`).
 
 Example:
     >>> from cel_utils.engine import evaluate_head_sets      # doctest: +SKIP
@@ -20,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -102,6 +105,51 @@ def prefix_kwargs(base, prefix_ids: torch.Tensor, ids: torch.Tensor, att: torch.
     kw = {hooks.kv_cache_kwarg(base): pkv, "use_cache": True,
           "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)}
     return att, kw
+
+
+def _cache_of(out):
+    return out.cache if getattr(out, "cache", None) is not None else out.past_key_values
+
+
+class PrefixKV:
+    """The shared prefix ``prefix_ids [1, P]`` run once, clean: its keys/values and every layer's input residual.
+
+    :meth:`kwargs` gives a body pass of ``k`` head sets the prefix's keys/values: below the head sets' first ablated
+    layer ``start`` they are the clean run's (ablating a head of layer ``start`` changes nothing below it), from
+    ``start`` up the prefix is run again with the heads removed, starting from the clean residual at ``start``.
+    The hooks' masks must be set for the prefix rows before :meth:`kwargs` is called.
+    """
+
+    def __init__(self, lm, base, prefix_ids: torch.Tensor):
+        self.lm, self.base, self.ids = lm, base, prefix_ids
+        with hooks.capture_layer_inputs(lm) as captured:
+            self.cache = _cache_of(base(input_ids=prefix_ids, use_cache=True))
+        self.residuals = list(captured)   # per layer [1, P, d_model]
+
+    def kwargs(self, ids: torch.Tensor, att: torch.Tensor, k: int, repeat: int, start: int | None):
+        """The body's attention mask (prefix + suffix) and keyword arguments for ``base(input_ids=ids, ...)``:
+        ``k`` head sets x ``repeat`` sequences; ``start`` the first ablated layer (None: the clean model)."""
+        L, P, rows = self.lm.n_layers, self.ids.shape[1], k * repeat
+        if start is None or start >= L:
+            pkv, start = copy.copy(self.cache), L
+            pkv.layers = list(pkv.layers)
+        else:
+            residual = self.residuals[start].repeat(k, 1, 1) if start > 0 else None
+            with hooks.skip_layers_below(self.lm, start, residual):
+                pkv = _cache_of(self.base(input_ids=self.ids.repeat(k, 1), use_cache=True))
+        for j, layer in enumerate(pkv.layers):
+            if j < start:   # the clean run's keys/values, one view for every row (never written: stubs below start)
+                clean = copy.copy(self.cache.layers[j])
+                clean.keys = clean.keys.expand(rows, -1, -1, -1)
+                clean.values = clean.values.expand(rows, -1, -1, -1)
+                pkv.layers[j] = clean
+            else:
+                layer.batch_repeat_interleave(repeat)
+        dev = ids.device
+        att = torch.cat([torch.ones(att.shape[0], P, dtype=att.dtype, device=dev), att], dim=1)
+        kw = {hooks.kv_cache_kwarg(self.base): pkv, "use_cache": True,
+              "position_ids": (torch.arange(ids.shape[1], device=dev) + P)[None].expand(ids.shape[0], -1)}
+        return att, kw
 
 
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
@@ -237,15 +285,15 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     base = lm.model.base_model
     dev = lm.device
     ablator = HeadAblator(lm, ablation).attach()
-    prefix_ids = torch.tensor([prefix], dtype=torch.long, device=dev) if P else None
+    pre = PrefixKV(lm, base, torch.tensor([prefix], dtype=torch.long, device=dev)) if P else None
 
     def run(b: ReadBatch, k, prefix_masks, body_masks, start=0, residual=None):
         """Forward k head sets x B sequences (rows are [set, sequence]), the body pass from layer ``start``;
-        returns the last hidden states ``[k*B, pos, d_model]``. The shared prefix always runs in full."""
+        returns the last hidden states ``[k*B, pos, d_model]``. The shared prefix runs from ``start`` too."""
         ids, att, kw = b.ids.repeat(k, 1), b.att.repeat(k, 1), {"use_cache": False}
         if P:
             ablator.set_masks(prefix_masks)
-            att, kw = prefix_kwargs(base, prefix_ids.repeat(k, 1), ids, att, len(b.ids))
+            att, kw = pre.kwargs(ids, att, k, len(b.ids), None if prefix_masks is None else start)
         ablator.set_masks(body_masks)
         STATS["forwards"] += 1
         with hooks.skip_layers_below(lm, start, residual):
