@@ -5,7 +5,7 @@ A pair can show a gain only when the model is neither always right nor always wr
 each candidate's accuracy on the first ``n`` items of its **search** split (the split every later choice is made
 on; the confirm and held-out items are never read) and keeps those in ``band``; :func:`pick` then takes up to
 ``per_model`` kept tasks per model, one per family first (the one nearest 0.5), so that a chapter's pairs span
-families. The table says why each candidate was kept or left.
+families, then the cheapest screens. The table says why each candidate was kept or left.
 
 Example:
     >>> from cel_utils.tiny import tiny_model
@@ -22,13 +22,13 @@ from typing import Sequence
 import pandas as pd
 
 from .defaults import CALIBRATION_BAND, CALIBRATION_ITEMS
-from .engine import evaluate_head_sets
+from .engine import evaluate_head_sets, screen_work
 from .errors import CELError
 from .scoring import encode_task
 from .tasks import BUILTIN_TASKS, load_task
 from .variants import VARIANTS, family_of
 
-COLUMNS = ["model", "task", "family", "knob", "split", "n", "search_baseline", "kept", "reason"]
+COLUMNS = ["model", "task", "family", "knob", "split", "n", "search_baseline", "kept", "reason", "screen_work"]
 
 
 def candidates() -> list[str]:
@@ -54,14 +54,16 @@ def calibrate(lm, names: Sequence[str], n: int = CALIBRATION_ITEMS, band: tuple[
     rows = []
     for name in names:
         task = load_task(name, "search", n=n, seed=seed, clip=True)
-        acc = float(evaluate_head_sets(lm, encode_task(lm, task), [[]], progress=False).accuracy[0])
+        enc = encode_task(lm, task)
+        acc = float(evaluate_head_sets(lm, enc, [[]], progress=False).accuracy[0])
         spec = BUILTIN_TASKS.get(name)
         kept = lo <= acc <= hi
         reason = (f"kept: {acc:.2f} leaves room both ways" if kept else
                   f"left: {acc:.2f} is above {hi:g} (near the ceiling)" if acc > hi else
                   f"left: {acc:.2f} is below {lo:g} (near the floor)")
         rows.append({"model": lm.name, "task": name, "family": family_of(name), "knob": spec.knob if spec else "",
-                     "split": task.split, "n": len(task), "search_baseline": acc, "kept": kept, "reason": reason})
+                     "split": task.split, "n": len(task), "search_baseline": acc, "kept": kept, "reason": reason,
+                     "screen_work": screen_work(lm, enc)})
         if progress:
             print(f"{lm.name} / {name}: {reason}")
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -69,18 +71,25 @@ def calibrate(lm, names: Sequence[str], n: int = CALIBRATION_ITEMS, band: tuple[
 
 def pick(table: pd.DataFrame, per_model: int = 4) -> dict[str, list[str]]:
     """Up to ``per_model`` kept tasks per model: first the kept task nearest 0.5 of each family (families in order
-    of that distance), then the next nearest of any family.
+    of that distance), then the other kept tasks, those whose screen costs least first (``screen_work``, the
+    multiply-adds of a screen of every head; nearest 0.5 first when the table has no such column).
 
     Example:
         >>> t = pd.DataFrame({"model": "m", "task": ["a", "a2", "b", "c"], "family": ["a", "a", "b", "c"],
         ...                   "search_baseline": [0.5, 0.45, 0.7, 0.1], "kept": [True, True, True, False]})
         >>> pick(t, per_model=3)
         {'m': ['a', 'b', 'a2']}
+        >>> t2 = pd.DataFrame({"model": "m", "task": ["a", "a2", "a3"], "family": "a", "search_baseline": [0.5, 0.45, 0.6],
+        ...                    "kept": True, "screen_work": [3.0, 2.0, 1.0]})
+        >>> pick(t2, per_model=2)
+        {'m': ['a', 'a3']}
     """
     out = {}
     for model, g in table[table["kept"]].groupby("model", sort=False):
         g = g.assign(dist=(g["search_baseline"] - 0.5).abs()).sort_values(["dist", "task"])
         first = g.drop_duplicates("family")
         rest = g[~g["task"].isin(first["task"])]
+        if "screen_work" in rest:
+            rest = rest.sort_values(["screen_work", "task"])
         out[model] = pd.concat([first, rest])["task"].head(per_model).tolist()
     return out

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from . import cache, hooks
 from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
-from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, logits_at, read_stats
+from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, encode_task, logits_at, read_stats
 
 
 STATS = {"forwards": 0}  # model forward calls made by the engine in this process (a batched call counts once)
@@ -67,6 +67,26 @@ def pass_tokens(enc: EncodedTask, max_tokens: int = MAX_TOKENS, share_prefix: bo
     P = len(common_prefix(enc)) if share_prefix else 0
     lengths = [len(x) - P for x in enc.inputs]
     return sum(P + len(b) * max(lengths[i] for i in b) for b in batches_by_tokens(lengths, max_tokens))
+
+
+def screen_work(lm, task) -> float:
+    """The multiply-adds of a screen of every head of ``lm`` on ``task``'s items (a Task or an encoded task), up to
+    a constant: per head, the tokens of one pass (:func:`pass_tokens`, the shared prefix once) through half the layers on
+    average, and the logits at every read. Deterministic (no timing), so the pairs it orders are the same on every
+    machine.
+
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.tasks import load_task
+        >>> lm = tiny_model("llama")
+        >>> screen_work(lm, load_task("addition", n=8)) > screen_work(lm, load_task("addition", n=4))
+        True
+    """
+    enc = task if isinstance(task, EncodedTask) else encode_task(lm, task)
+    layer = sum(p.numel() for p in lm.model.base_model.layers[0].parameters()) if hasattr(
+        lm.model.base_model, "layers") else sum(p.numel() for p in lm.model.parameters()) / lm.n_layers
+    d = lm.model.get_output_embeddings().weight.shape
+    heads = lm.n_layers * lm.n_heads
+    return float(heads * (pass_tokens(enc) * layer * lm.n_layers / 2 + enc.n_reads * d[0] * d[1]))
 
 
 def common_prefix(enc: EncodedTask, min_len: int = 8) -> list[int]:

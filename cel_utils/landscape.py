@@ -278,25 +278,3 @@ def power_check(v: Verdict, stability: pd.DataFrame, n_sim: int = 1000) -> pd.Da
     return pd.DataFrame(rows, columns=["model", "task", "head", "confirm_gain", "break_rate", "modelled_p_rank",
                                        "observed_top_k_share", "windows"])
 
-
-def screen_work(lm, task: Task) -> float:
-    """The multiply-adds of a screen of every head of ``lm`` on ``task``'s items, up to a constant: per head, the
-    tokens of one pass (:func:`cel_utils.engine.pass_tokens`, the shared prefix once) through half the layers on
-    average, and the logits at every read. Deterministic (no timing), so the pairs it orders are the same on every
-    machine.
-
-        >>> from cel_utils.tiny import tiny_model
-        >>> from cel_utils.tasks import load_task
-        >>> lm = tiny_model("llama")
-        >>> screen_work(lm, load_task("addition", n=8)) > screen_work(lm, load_task("addition", n=4))
-        True
-    """
-    from .engine import pass_tokens
-    from .scoring import encode_task
-
-    enc = encode_task(lm, task)
-    layer = sum(p.numel() for p in lm.model.base_model.layers[0].parameters()) if hasattr(
-        lm.model.base_model, "layers") else sum(p.numel() for p in lm.model.parameters()) / lm.n_layers
-    d = lm.model.get_output_embeddings().weight.shape
-    heads = lm.n_layers * lm.n_heads
-    return float(heads * (pass_tokens(enc) * layer * lm.n_layers / 2 + enc.n_reads * d[0] * d[1]))
