@@ -12,21 +12,14 @@ pytestmark = pytest.mark.real
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from tests.test_peer_lm_eval import ITEMS, YAML  # noqa: E402  (a local multiple-choice task)
+from tests.test_peer_lm_eval import ITEMS, write_local_task  # noqa: E402  (a local multiple-choice task)
 
 HEADS = "L14H8+L13H0"
 
 
 @pytest.fixture()
 def local_task(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps(it) + "\n" for it in ITEMS))
-    tdir = tmp_path / "tasks"
-    tdir.mkdir()
-    (tdir / "cel_peer.yaml").write_text(YAML.format(path=data))
-    return data, tdir
+    return write_local_task(tmp_path, monkeypatch)
 
 
 def _scores(model, tdir, model_args=""):

@@ -41,6 +41,18 @@ metric_list:
 """
 
 
+def write_local_task(tmp_path, monkeypatch):
+    """The items as a JSONL file and lm-eval's YAML task ``cel_peer`` reading it, offline; (data, task folder)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(it) + "\n" for it in ITEMS))
+    tdir = tmp_path / "tasks"
+    tdir.mkdir()
+    (tdir / "cel_peer.yaml").write_text(YAML.format(path=data))
+    return data, tdir
+
+
 def test_loglikelihoods_match_lm_eval(smol, tmp_path, monkeypatch):
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -50,13 +62,7 @@ def test_loglikelihoods_match_lm_eval(smol, tmp_path, monkeypatch):
     from cel_utils.scoring import encode_task
     from cel_utils.tasks import load_task
 
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    data = tmp_path / "items.jsonl"
-    data.write_text("".join(json.dumps(it) + "\n" for it in ITEMS))
-    tdir = tmp_path / "tasks"
-    tdir.mkdir()
-    (tdir / "cel_peer.yaml").write_text(YAML.format(path=data))
+    data, tdir = write_local_task(tmp_path, monkeypatch)
 
     peer = HFLM(pretrained=smol.model, tokenizer=smol.tokenizer, batch_size=4, device="cpu")
     res = simple_evaluate(model=peer, tasks=["cel_peer"], task_manager=TaskManager(include_path=str(tdir)),
