@@ -119,8 +119,8 @@ window.addEventListener("load", function () { setTimeout(function () {
 </script>"""
 
 
-def _table_boxes(page: Path) -> list[dict]:
-    """Every visible table of a built page, measured in headless Chromium at a 1280 px wide window."""
+def _table_boxes(page: Path, width: int = 1280) -> list[dict]:
+    """Every visible table of a built page, measured in headless Chromium at a ``width`` px wide window."""
     import html as H
 
     probe = page.with_name(f"_tables_probe_{page.name}")
@@ -129,7 +129,7 @@ def _table_boxes(page: Path) -> list[dict]:
         with tempfile.TemporaryDirectory() as prof:
             r = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                                f"--user-data-dir={prof}", "--window-size=1280,2400", "--virtual-time-budget=10000",
+                                f"--user-data-dir={prof}", f"--window-size={width},2400", "--virtual-time-budget=10000",
                                 "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=180)
     finally:
         probe.unlink()
@@ -148,6 +148,17 @@ def test_no_table_wider_than_the_content_column(built, page):
         assert boxes, "no table measured: the probe would pass vacuously"
     wide = [b for b in boxes if b["right"] > b["col_right"] + 1 or b["left"] < b["col_left"] - 1]
     assert not wide, wide
+
+
+@needs_chromium
+@pytest.mark.parametrize("page", ["04_findings", "01c_capability", "02_joint_search", "01a_landscape"])
+def test_main_tables_show_every_column_at_1400px(built, page):
+    """At a 1400 px window the findings page's and the chapters' result tables show every column: no table is
+    wider than its box (book/assets/cel.css gives the article the room and tables a smaller font)."""
+    boxes = _table_boxes(built / "book" / "chapters" / f"{page}.html", width=1400)
+    assert boxes, "no table measured: the probe would pass vacuously"
+    hidden = [b for b in boxes if b["table_width"] > b["right"] - b["left"] + 1]
+    assert not hidden, hidden
 
 
 @needs_chromium
