@@ -43,8 +43,9 @@ def test_markdown_table_rows_keep_their_maths_in_one_cell(name):
         assert all(cell.replace("\\$", "").count("$") % 2 == 0 for cell in cells), row
 
 
-def _picks(land, joint, tmp_path, battery_pairs=1):
-    """Chapter 1c's cell that picks the head sets for the battery, run on the given records (no model)."""
+def _picks(land, joint, tmp_path, battery_pairs=1, cost=None):
+    """Chapter 1c's cell that picks the head sets for the battery, run on the given records (no model; ``cost``:
+    each task's screen cost, standing in for ``screen_work``)."""
     import numpy as np
     import pandas as pd
 
@@ -56,7 +57,9 @@ def _picks(land, joint, tmp_path, battery_pairs=1):
     for name, r in (("01a_landscape", land), ("02_joint_search", joint)):
         (tmp_path / f"{name}.record.json").write_text(json.dumps(r))
     ns = {"rec": Records(tmp_path), "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
-          "FORMATS": FORMATS, "other_confirmed": 10,
+          "FORMATS": FORMATS, "other_confirmed": 10, "n_search": 6,
+          "load_model": lambda m: m, "load_task": lambda t, *a, **k: t,
+          "screen_work": lambda lm, task: (cost or {}).get(task, 0.0),
           "layer_of": layer_of, "seed": 0, "random_heads": 2, "battery_pairs": battery_pairs, "Markdown": str, "display": lambda *a, **k: None,
           "tables": type("T", (), {"table": staticmethod(lambda *a, **k: None)})}
     exec(compile(src, "01c_capability picks", "exec"), ns)
@@ -84,21 +87,26 @@ def test_capability_chapter_picks_the_learned_gates_set(tmp_path):
     assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}
 
 
-def _joint_setup(tmp_path, **params):
+def _joint_setup(tmp_path, cost=None, **params):
     """Chapter 2's parameters cell and its set-up cell (imports, checks, the tasks resolved), run with
-    ``params`` over the defaults; the namespace after them."""
+    ``params`` over the defaults; the namespace after them. ``cost``: each task's screen cost (no model)."""
+    from unittest import mock
+
     cells = _code_cells("02_joint_search")
     ns = {}
     exec(compile(cells[0], "02 parameters", "exec"), ns)
     ns.update(params, chapters_dir=str(tmp_path))
     (src,) = [c for c in cells if 'if "calibrated" in (tasks, cost_tasks)' in c]
-    exec(compile(src, "02 set-up", "exec"), ns)
+    with mock.patch("cel_utils.engine.screen_work", lambda lm, task: (cost or {}).get(task, 0.0)), \
+            mock.patch("cel_utils.models.load_model", lambda m: m), \
+            mock.patch("cel_utils.tasks.load_task", lambda t, *a, **k: t):
+        exec(compile(src, "02 set-up", "exec"), ns)
     return ns
 
 
 def test_capability_chapter_takes_battery_pairs_per_model_in_calibration_order(tmp_path):
-    """Two localized pairs of one model: with battery_pairs = 1 only the first (chapter 1a's order) goes through
-    the battery; with 2 both do."""
+    """Two localized pairs of one model: with battery_pairs = 1 only one goes through the battery, chapter 2's
+    pair first, else the one whose screen costs least (ties: chapter 1a's order); with 2 both do."""
     def pair(task):
         return {"model": "m", "task": task, "screened_heads": ["L1H1", "L2H2", "L3H3"], "delta_margin": [0.4, 0.3, 0.2],
                 "confirmed": ["L1H1"], "delta_accuracy": [0.0] * 3,
@@ -107,6 +115,9 @@ def test_capability_chapter_takes_battery_pairs_per_model_in_calibration_order(t
             "pairs": [pair("comparison"), pair("addition")]}
     assert {p[1] for p in _picks(land, {}, tmp_path)} == {"comparison"}
     assert {p[1] for p in _picks(land, {}, tmp_path, battery_pairs=2)} == {"comparison", "addition"}
+    assert {p[1] for p in _picks(land, {}, tmp_path, cost={"comparison": 2.0, "addition": 1.0})} == {"addition"}
+    ran = {"tasks": {"m": ["comparison"]}}   # chapter 2 searched comparison: it goes first, whatever it costs
+    assert {p[1] for p in _picks(land, ran, tmp_path, cost={"comparison": 2.0, "addition": 1.0})} == {"comparison"}
 
 
 def test_joint_chapter_takes_its_tasks_from_the_calibration(tmp_path):
@@ -115,9 +126,17 @@ def test_joint_chapter_takes_its_tasks_from_the_calibration(tmp_path):
     error naming it; without 1a's record the error names the chapter to run."""
     with pytest.raises(FileNotFoundError, match="run 01a_landscape first"):
         _joint_setup(tmp_path, models=["m1"])
-    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"tasks": {"m1": ["a", "b"], "m2": ["c"]}}))
-    ns = _joint_setup(tmp_path, models=["m1", "m2"])
+    rec = {"tasks": {"m1": ["a", "b"], "m2": ["c"]}, "verdict": []}
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
+    ns = _joint_setup(tmp_path, models=["m1", "m2"])   # nothing localized: each model's first calibrated task
     assert ns["tasks"] == {"m1": ["a"], "m2": ["c"]} and ns["cost_tasks"] == {"m1": ["a", "b"], "m2": ["c"]}
+    rec["verdict"] = [{"model": "m1", "task": t, "holds": True} for t in ("a", "b")]
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
+    ns = _joint_setup(tmp_path, cost={"a": 2.0, "b": 1.0}, models=["m1", "m2"])   # localized: the cheapest screen
+    assert ns["tasks"] == {"m1": ["b"], "m2": ["c"]}
+    rec["verdict"][1]["holds"] = False
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
+    assert _joint_setup(tmp_path, cost={"a": 2.0, "b": 1.0}, models=["m1"])["tasks"] == {"m1": ["a"]}
     ns = _joint_setup(tmp_path, models=["m1"], tasks={"m1": ["x"]})
     assert ns["tasks"] == {"m1": ["x"]} and ns["cost_tasks"] == {"m1": ["a", "b"]}
     with pytest.raises(ValueError, match="calibrated no task with room for m3"):
