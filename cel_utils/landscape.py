@@ -277,4 +277,3 @@ def power_check(v: Verdict, stability: pd.DataFrame, n_sim: int = 1000) -> pd.Da
                      "windows": int(share.loc[h, "windows"])})
     return pd.DataFrame(rows, columns=["model", "task", "head", "confirm_gain", "break_rate", "modelled_p_rank",
                                        "observed_top_k_share", "windows"])
-
