@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Callable
 
 from .errors import CELError
-from .generators import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES
+from .generators import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES, review
 from .tasks import Task
 from .variants import VARIANTS
 
@@ -147,6 +147,55 @@ def _comparison(k: int, seed: str, line: str = "Which is larger, {a} or {b}? {c}
     return render
 
 
+@lru_cache(maxsize=None)
+def _reviews(task_name: str) -> frozenset:
+    """Every review of a built-in sentiment task's items (seed 0, all splits; an item's ``key`` is its review): a
+    format's demonstrations avoid them, so no format shows an item's own review."""
+    from .tasks import SPLITS, load_task
+
+    return frozenset(it["key"] for s in SPLITS for it in load_task(task_name, s).items)
+
+
+def _sentiment(task: str, k: int, seed: str, review_label: str = "Review", answer_label: str = "Sentiment",
+               head: str = ""):
+    """A format for movie-review sentiment: ``k`` demonstrations (positive first, then alternating) drawn with
+    ``seed``, none of them one of ``task``'s reviews; the item's review (its ``key``) asked the same way."""
+    @lru_cache(maxsize=1)
+    def prefix():
+        rng, demos = random.Random(f"senti:{seed}"), []
+        while len(demos) < k:
+            text = review(rng, len(demos) % 2 == 0)
+            if text not in _reviews(task) and text not in demos:
+                demos.append(text)
+        return head + "".join(f"{review_label}: {t}\n{answer_label}: {'positive' if i % 2 == 0 else 'negative'}\n\n"
+                              for i, t in enumerate(demos))
+
+    def render(item):
+        return {**item, "prompt": prefix() + f"{review_label}: {item['key']}\n{answer_label}:"}
+    return render
+
+
+# how many demonstrations each sentiment task's own prompt shows (a test counts them in the items)
+SENTIMENT_DEMOS = {"sentiment": 4, "sentiment_0shot": 0, "sentiment_1shot": 1}
+
+
+def _sentiment_formats(task: str, k: int) -> list[Format]:
+    """Eight formats of a sentiment task whose own prompt shows ``k`` demonstrations."""
+    return [
+        Format("default", "the task's own prompt", lambda it: it),
+        Format("other demos (1)", f"{k or 1} other demonstration(s)", _sentiment(task, k or 1, "demos-1")),
+        Format("other demos (2)", f"{k or 1} more demonstration(s)", _sentiment(task, k or 1, "demos-2")),
+        Format("more demos", f"{k + 2} demonstrations", _sentiment(task, k + 2, "demos-more")),
+        Format("no demos" if k else "two demos", "zero-shot" if k else "two demonstrations",
+               _sentiment(task, 0 if k else 2, "demos-1")),
+        Format("instruction", "'Is this movie review positive or negative?' first",
+               _sentiment(task, k, "demos-1", head="Is this movie review positive or negative?\n")),
+        Format("movie review", "'Movie review:' instead of 'Review:'",
+               _sentiment(task, k, "demos-1", review_label="Movie review")),
+        Format("opinion", "'Opinion:' instead of 'Sentiment:'", _sentiment(task, k, "demos-1", answer_label="Opinion")),
+    ]
+
+
 FORMATS: dict[str, list[Format]] = {
     "addition": _arith_formats("+", "add"),
     "subtraction": _arith_formats("-", "subtract"),
@@ -167,6 +216,7 @@ FORMATS: dict[str, list[Format]] = {
         Format("new line", "a blank line before the sentence",
                _ioi("When {first} went to the {place}, {giver} gave a {obj} to", "\n")),
     ],
+    "sentiment": _sentiment_formats("sentiment", SENTIMENT_DEMOS["sentiment"]),
     "comparison": [
         Format("default", "the task's own prompt", lambda it: it),
         Format("other demos (1)", "three other demonstrations", _comparison(3, "demos-1")),
@@ -192,6 +242,8 @@ def _variant_formats(spec) -> list[Format] | None:
                               "add" if spec.family == "addition" else "subtract", spec.name)
     if spec.family == "comparison":
         return FORMATS["comparison"]
+    if spec.family == "sentiment":
+        return _sentiment_formats(spec.name, SENTIMENT_DEMOS[spec.name])
     return _agreement_formats(spec.template) if spec.template else None
 
 

@@ -142,3 +142,24 @@ def test_cel_calibrate_writes_the_table_and_refuses_bad_input(tiny_folder, tmp_p
         assert main(["calibrate", "--model", folder, "--out", str(bad), *argv]) == 2
         assert not bad.exists()
     assert capsys.readouterr().err.count("cel: error:") == 4
+
+
+@pytest.mark.parametrize("name", ["sentiment", "sentiment_0shot", "sentiment_1shot"])
+def test_sentiment_formats_ask_the_items_own_review_and_show_none_of_the_tasks_reviews(name):
+    """Every sentiment format asks the item's own review with the same choices and answer; its demonstrations
+    (read back from the prompt text) alternate positive, negative and repeat no review of the task's items in any
+    split; SENTIMENT_DEMOS counts the task's own demonstrations."""
+    from cel_utils.formats import FORMATS, SENTIMENT_DEMOS, in_format
+
+    reviews = {it["key"] for it in _everything(name)}
+    task = load_task(name, "heldout", n=20)
+    demo = re.compile(r"(?:Movie review|Review): (.*)\n(?:Sentiment|Opinion): (positive|negative)\n\n")
+    assert len(demo.findall(task.items[0]["prompt"])) == SENTIMENT_DEMOS[name]
+    assert [f.name for f in FORMATS[name]][0] == "default" and len({f.name for f in FORMATS[name]}) == 8
+    for f in FORMATS[name]:
+        for before, after in zip(task.items, in_format(task, f.name).items):
+            assert (after["choices"], after["answer"]) == (before["choices"], before["answer"])
+            shown = demo.findall(after["prompt"])
+            assert re.search(r"review: (.*)\n(?:Sentiment|Opinion):$", after["prompt"], re.I).group(1) == before["key"]
+            assert [lab for _, lab in shown] == ["positive", "negative"] * (len(shown) // 2) + ["positive"] * (len(shown) % 2)
+            assert not {r for r, _ in shown} & reviews
