@@ -219,6 +219,9 @@ def cmd_search(args):
     gate_settings = _gate_settings(args)
     if not sel.pool_based and (args.screen is not None or args.pool is not None):
         raise CELError(f"--strategy {args.strategy} chooses among every head: leave out --screen and --pool")
+    if sel.key == "boost" and (args.mode != "zero" or args.alpha is not None):
+        raise CELError("--strategy boost chooses its own dose (a scale above 1, on the search split): leave out "
+                       "--mode and --alpha")
     pool = 8 if args.pool is None else args.pool
     if sel.pool_based and not 1 <= pool <= defaults.SEARCH_POOL_MAX:
         raise CELError(f"--pool must be between 1 and {defaults.SEARCH_POOL_MAX}")

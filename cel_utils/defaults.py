@@ -58,6 +58,7 @@ SELECTOR_RANDOM_SETS = 3  # random rankings: the random selector and the gates' 
 SELECTOR_SWEEP_MAX = 256  # compare_selectors' pool search: every subset up to this many, else a beam search
 
 # Is it a capability? (chapter 1c, cel robust)
+BOOST_ALPHAS = (1.25, 1.5, 2.0)   # the boost selector's doses (chosen on the search split; 1 is the intact model)
 TEXT_TOKENS = 20000     # tokens of general English text on which the change in NLL per token is measured
 COLLATERAL_NLL = 0.05   # a change in NLL per token above this (nats) counts as costly
 ROBUST_ITEMS = 200      # held-out items per check

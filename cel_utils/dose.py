@@ -7,6 +7,8 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
   where removal is tested against it (paired: exact McNemar on the items where the two disagree);
 * :func:`direct_ranking` -- every head ranked on the search split by how reliably its *direct* effect promotes
   the right answer over its competitor (chapter 2a's machinery); the top ones are the ones to *boost*;
+* the ``boost`` selector (:class:`Boost`, in :data:`cel_utils.selectors.REGISTRY` once this module is imported):
+  the top ``k`` of :func:`direct_ranking`, their outputs multiplied by a dose above 1 chosen on the search split;
 * :func:`per_item_ceiling` -- the fraction of wrong items that *some* single-head removal fixes (an oracle that
   chooses on the item itself) beside the same fraction with the item-head link broken (each head's flips
   permuted over the wrong items): the gap is what per-item head choice could at most add.
@@ -20,6 +22,7 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +31,9 @@ import torch
 
 from .ablation import Ablation, format_set, head_name
 from .compare import paired_table
+from .defaults import BOOST_ALPHAS
 from .engine import evaluate_head_sets
+from .selectors import Offer, Selector, ranked_sets, register
 from .stats import mcnemar_exact, paired_bootstrap
 
 ALPHAS = (-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # the issue's grid: 0 removes, 1 is the intact model
@@ -165,3 +170,43 @@ def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm:
             "null_low": float(np.quantile(null, 0.025)), "null_high": float(np.quantile(null, 0.975)),
             "gap": oracle - float(null.mean()), "p_value": float((1 + (null >= oracle).sum()) / (n_perm + 1)),
             "static": static}
+
+
+def choose_boost(lm, enc, sets, alphas=BOOST_ALPHAS) -> tuple[float, pd.DataFrame]:
+    """The dose above 1 for boosting ``sets`` (each scaled by alpha) chosen on ``enc`` (the search split): the
+    largest mean gain in accuracy over the sets (ties: margin, then the smaller alpha). Returns it and the table
+    (``alpha``, ``heads``, ``search_delta_accuracy``, ``search_delta_margin``)."""
+    base = evaluate_head_sets(lm, enc, [[]], progress=False)
+    rows = []
+    for a in alphas:
+        res = evaluate_head_sets(lm, enc, [list(x) for x in sets], mode=Ablation.of("scale", alpha=a), progress=False)
+        for j, x in enumerate(sets):
+            rows.append({"alpha": a, "heads": format_set(x),
+                         "search_delta_accuracy": float(res.correct[j].mean() - base.correct[0].mean()),
+                         "search_delta_margin": float(res.margin[j].mean() - base.margin[0].mean())})
+    t = pd.DataFrame(rows)
+    m = t.groupby("alpha")[["search_delta_accuracy", "search_delta_margin"]].mean().reset_index()
+    best = m.sort_values(["search_delta_accuracy", "search_delta_margin", "alpha"],
+                         ascending=[False, False, True]).iloc[0]
+    return float(best.alpha), t
+
+
+@register
+class Boost(Selector):
+    """The heads whose direct effect most reliably promotes the right answer on the search split, *boosted*: the
+    top ``k`` of :func:`direct_ranking`, tested with their outputs multiplied by a dose above 1 (the offer's
+    ``mode``) chosen on the search split by :func:`choose_boost`. Not in chapter 2's comparison of removals
+    (chapter 2b sets it beside removal)."""
+
+    key, label, compared = "boost", "boost (direct effect)", False
+
+    def offer(self, ctx, max_k):
+        t0 = time.perf_counter()
+        ranking = direct_ranking(ctx.grad_lm, ctx.search)
+        order = [(int(r.layer), int(r.head_index)) for r in ranking.itertuples()]
+        sets = ranked_sets(order, max_k)
+        alpha, table = choose_boost(ctx.lm, ctx.enc, sets)
+        n_eval = len(sets) * len(BOOST_ALPHAS) + 1
+        cost = {"forward_equivalents": 1.0 + n_eval, "seconds": time.perf_counter() - t0, "n_evaluations": n_eval}
+        return Offer(sets, cost, order[:max_k], info={"alpha": alpha, "ranking": ranking, "doses": table},
+                     mode=Ablation.of("scale", alpha=alpha))

@@ -237,20 +237,23 @@ def english_text() -> tuple[str, str]:
     return "\n\n".join(keep), "explanatory paragraphs of the Python reference documentation (pydoc_data.topics)"
 
 
-def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[Head]) -> str:
+def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[Head], mode="zero") -> str:
     """The result-cache key (:func:`cel_utils.cache.key_of`) of one :func:`text_nll` pass: the token chunks, the
     batch size (padding) and the heads removed (the unablated pass is shared by every call on the same text, e.g.
     chapter 1c's several batteries of one model)."""
+    ab = Ablation.of(mode)
+    extra = {} if ab.mode == "zero" else {"ablation": ab.describe()}   # zero keeps the keys it always had
     return cache.key_of(lm, {"chunks": chunks, "batch_size": batch_size, "heads": sorted(map(list, heads)),
-                             "method": "text_nll"})
+                             "method": "text_nll", **extra})
 
 
 @torch.no_grad()
 def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
-             n_boot: int = N_BOOT, seed: int = 0) -> dict:
+             n_boot: int = N_BOOT, seed: int = 0, mode="zero") -> dict:
     """Next-token NLL per token (nats) on ``n_tokens`` tokens of :func:`english_text` (each predicted once, from
     chunks of ``chunk`` tokens that overlap by one): unablated, and the change with each named set removed, with a
-    bootstrap CI over chunks (``per_chunk``: each chunk's change in NLL per token)."""
+    bootstrap CI over chunks (``per_chunk``: each chunk's change in NLL per token). ``mode``: how the sets are
+    applied (zero, the default, removes; ``scale`` multiplies by alpha: above 1 it boosts)."""
     from .ablation import ablate_heads
 
     text, source = english_text()
@@ -261,12 +264,12 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
     chunks = [c for c in chunks if len(c) > 1]
 
     def per_chunk(heads):
-        key = text_nll_key(lm, chunks, batch_size, heads)
+        key = text_nll_key(lm, chunks, batch_size, heads, mode if heads else "zero")
         hit = cache.load(key) if cache.enabled() else None
         if hit is not None:
             return hit["per_chunk"]
         out = []
-        with ablate_heads(lm, list(heads)):
+        with ablate_heads(lm, list(heads), mode):
             for b, x, att in hooks.padded_batches(lm, chunks, batch_size):
                 logits = lm.model(input_ids=x, attention_mask=att, use_cache=False).logits.float()  # [b, pos, vocab]
                 nll = torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), x[:, 1:],
@@ -290,13 +293,14 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
 
 
 def other_tasks(lm, sets: dict[str, Sequence[Head]], tasks: Sequence[str], n: int = 100, seed: int = 0,
-                n_boot: int = N_BOOT) -> pd.DataFrame:
+                n_boot: int = N_BOOT, mode="zero") -> pd.DataFrame:
     """Each named set removed while the model does other tasks (their held-out items): change in accuracy with a
     paired-bootstrap CI, exact McNemar p and Holm over the tasks (per set): ``set``, ``task``, ``delta``,
     ``ci_low``, ``ci_high``, ``p_value``, ``p_holm``, ``hurts`` (a significant loss)."""
     rows = []
     for t in tasks:
-        cmp = compare_sets(lm, load_task(t, "heldout", n=n, seed=seed, clip=True), sets, n_boot=n_boot, seed=seed)
+        cmp = compare_sets(lm, load_task(t, "heldout", n=n, seed=seed, clip=True), sets, mode=mode, n_boot=n_boot,
+                           seed=seed)
         f, b = fixes_breaks(cmp.baseline.correct[0], cmp.results.correct)
         for j, name in enumerate(cmp.names):
             r = cmp.table.iloc[j]

@@ -132,6 +132,7 @@ class Offer:
     replicates: list[list[list[Head]]] | None = None
     search: pd.DataFrame | None = None
     info: dict = field(default_factory=dict)
+    mode: object = None   # how its sets are applied when not the design's (the boost selector: scale alpha > 1)
 
     def named(self) -> dict[str, list[Head]]:
         return {format_set(x): list(x) for x in self.sets}
@@ -386,8 +387,10 @@ def search(lm, search_task, heldout_task, key: str, design: Design, options: Opt
     enc_h = encode_task(ctx.lm, heldout_task)
     out = {"strategy": key, "pool": [head_name(h) for h in off.pool], "n_evaluations": off.cost["n_evaluations"],
            "search_seconds": off.cost["seconds"],
-           **graded_sets(ctx.lm, ctx.enc, enc_h, off.sets, ctx.design.mode, options.random_sets if options else 0,
-                         design.n_boot, design.seed)}
+           **graded_sets(ctx.lm, ctx.enc, enc_h, off.sets, ctx.design.mode if off.mode is None else off.mode,
+                         options.random_sets if options else 0, design.n_boot, design.seed)}
+    if off.mode is not None:
+        out["mode"] = off.mode.describe()
     if "gates" in off.info:
         out["gates"] = off.info["gates"].record()
     return out
@@ -396,7 +399,8 @@ def search(lm, search_task, heldout_task, key: str, design: Design, options: Opt
 def pipeline_run(ctx: Context, off: Offer, sel: Selector, encs: dict, control=None) -> Run:
     """An offer through :func:`cel_utils.pipeline.run` (every offered set confirmed and tested) with ``control``
     (a control table already computed for these splits) attached."""
-    r = run(ctx.lm, encs, off.named(), ctx.design, "offered", search=off.search, selector=sel.label)
+    d = ctx.design if off.mode is None else replace(ctx.design, mode=off.mode)
+    r = run(ctx.lm, encs, off.named(), d, "offered", search=off.search, selector=sel.label)
     if control is not None:
         r.control = control
     return r

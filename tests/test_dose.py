@@ -112,3 +112,70 @@ def test_choose_dose_takes_the_confirm_argmax_and_never_reads_heldout():
     assert dose.choose_dose(t) == 0.0
     t.loc[t.split == "confirm", "delta_accuracy"] = [-0.1, -0.2, 0.0, 0.0]    # no dose gains: the intact model
     assert dose.choose_dose(t) == 1.0
+
+
+def test_boost_chooses_the_dose_with_the_largest_mean_search_gain(lm):
+    """choose_boost against a second computation: each alpha's sets scaled by hand through ablate_heads and the
+    model's own logits, the accuracy of the correct choice averaged over the sets."""
+    task = load_task("ioi", "search", n=24)
+    enc = encode_task(lm, task)
+    sets = [[(1, 0)], [(1, 0), (0, 1)]]
+    doses = (1.5, 3.0, 6.0, 12.0)
+    alpha, table = dose.choose_boost(lm, enc, sets, alphas=doses)
+
+    def accuracy(heads, a):
+        right = []
+        for it in task.items:
+            with ablate_heads(lm, heads, Ablation.of("scale", alpha=a)):
+                scores = []
+                for c in it["choices"]:
+                    ids = lm.tokenizer(it["prompt"] + c)["input_ids"]
+                    n = len(lm.tokenizer(it["prompt"])["input_ids"])
+                    with torch.no_grad():
+                        lp = lm.model(input_ids=torch.tensor([ids])).logits.float().log_softmax(-1)[0]
+                    scores.append(sum(lp[i - 1, ids[i]].item() for i in range(n, len(ids))))
+            right.append(int(np.argmax(scores)) == it["answer"])
+        return np.mean(right)
+
+    base = accuracy([], 1.0)
+    gains = {a: np.mean([accuracy(s, a) - base for s in sets]) for a in doses}
+    got = table.groupby("alpha").search_delta_accuracy.mean()
+    for a, g in gains.items():
+        assert got[a] == pytest.approx(g, abs=1e-9)
+    assert len(set(gains.values())) > 1 and gains[alpha] == max(gains.values())   # the doses differ here
+
+
+def test_cel_search_boost_grades_the_boosted_sets_as_cel_eval_does(tiny_folder, tmp_path, capsys):
+    """`cel search --strategy boost`: its sets are the top of the direct ranking, tested scaled by the dose it
+    chose; each set's held-out accuracy equals `cel eval --mode scale --alpha A` on the same items (a separate
+    command); --mode with boost is refused."""
+    import json
+
+    from cel_utils.cli import main
+
+    folder = tiny_folder("llama")
+    out = tmp_path / "s.json"
+    assert main(["search", "--model", folder, "--task", "agreement", "--n", "10", "--strategy", "boost",
+                 "--max-size", "2", "--random-sets", "0", "--out", str(out)]) == 0
+    s = json.loads(out.read_text())
+    alpha = float(s["mode"].split()[1])
+    assert s["mode"].startswith("scale") and alpha > 1
+    ranking = dose.direct_ranking(tiny_model_from(folder), load_task("agreement", "search", n=10))
+    assert s["pool"] == list(ranking["head"][:2])
+    for b in s["best"]:
+        e = tmp_path / "e.json"
+        assert main(["eval", "--model", folder, "--task", "agreement", "--split", "heldout", "--n", "10",
+                     "--mode", "scale", "--alpha", str(alpha), "--ablate", ",".join(b["heads"]), "--out", str(e)]) == 0
+        ev = json.loads(e.read_text())
+        assert b["heldout"]["accuracy"] == pytest.approx(ev["ablated"]["accuracy"], abs=1e-12)
+        assert b["heldout"]["mean_margin"] == pytest.approx(ev["ablated"]["mean_margin"], abs=1e-5)
+    capsys.readouterr()
+    assert main(["search", "--model", folder, "--task", "agreement", "--n", "4", "--strategy", "boost",
+                 "--mode", "scale", "--alpha", "2", "--out", str(tmp_path / "x.json")]) == 2
+    assert "--strategy boost chooses its own dose" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def tiny_model_from(folder):
+    from cel_utils.models import load_model
+
+    return load_model(folder)

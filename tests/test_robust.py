@@ -224,9 +224,9 @@ def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
     ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:301]
     chunks = [ids[i:i + 64] for i in range(0, 300, 63)]  # overlapping by one: tokens 1..300 each predicted once
 
-    def loss(heads):
+    def loss(heads, mode="zero"):
         total, count = 0.0, 0
-        with torch.no_grad(), ablate_heads(lm, heads):
+        with torch.no_grad(), ablate_heads(lm, heads, mode):
             for c in chunks:
                 x = torch.tensor([c])
                 total += float(lm.model(input_ids=x, labels=x).loss) * (len(c) - 1)
@@ -235,6 +235,13 @@ def test_text_nll_matches_the_models_own_loss(tiny_llama, monkeypatch):
     assert got["text_tokens"] == sum(len(c) - 1 for c in chunks) == 300  # the tokens asked for, no fewer
     assert got["baseline_nll"] == pytest.approx(loss([]), rel=1e-5)
     assert got["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(loss([(1, 2)]) - loss([]), rel=1e-4, abs=1e-6)
+    # the same head boosted (its output doubled): chapter 2b's cost of a boost
+    from cel_utils.ablation import Ablation
+    boost = Ablation.of("scale", alpha=2.0)
+    got2 = robust.text_nll(lm, {"L1H2": [(1, 2)]}, n_tokens=300, chunk=64, batch_size=3, n_boot=100, mode=boost)
+    want = loss([(1, 2)], boost) - loss([])
+    assert got2["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(want, rel=1e-4, abs=1e-6)
+    assert abs(want - (loss([(1, 2)]) - loss([]))) > 1e-4   # boosting is not removing here
 
 
 def test_text_nll_cache_returns_what_a_fresh_run_computes(tiny_llama, monkeypatch, tmp_path):
