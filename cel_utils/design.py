@@ -56,7 +56,8 @@ class Design:
         return Design(**{f.name: getattr(self, f.name) for f in fields(Design)})
 
     def record(self) -> dict:
-        """The fields as JSON-ready values (the ablation by its kind's name)."""
+        """The fields as JSON-ready values (the ablation by its kind's name; a scale with its alpha, "scale 1.5")."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["mode"] = getattr(self.mode, "mode", self.mode)
+        kind = getattr(self.mode, "mode", self.mode)
+        out["mode"] = self.mode.describe() if kind == "scale" and hasattr(self.mode, "describe") else kind
         return {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}

@@ -23,7 +23,7 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -32,8 +32,13 @@ import torch
 from .ablation import Ablation, format_set, head_name
 from .compare import paired_table
 from .defaults import BOOST_ALPHAS
+from .design import Design
 from .engine import evaluate_head_sets
-from .selectors import Offer, Selector, ranked_sets, register
+from .pipeline import Run, run
+from .scoring import encode_task
+from .tasks import load_task
+from .screening import screen
+from .selectors import REGISTRY, Context, Offer, Selector, pipeline_run, ranked_sets, register
 from .stats import mcnemar_exact, paired_bootstrap
 
 ALPHAS = (-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # the issue's grid: 0 removes, 1 is the intact model
@@ -160,13 +165,14 @@ def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm:
     fixes = np.asarray(head_correct, bool)[:, wrong]                 # [heads, wrong items]
     n = int(wrong.sum())
     if n == 0:
-        return {"wrong_items": 0, "oracle": float("nan"), "null_mean": float("nan"), "null_low": float("nan"),
+        return {"wrong_items": 0, "fixes_per_head": [], "oracle": float("nan"), "null_mean": float("nan"), "null_low": float("nan"),
                 "null_high": float("nan"), "gap": float("nan"), "p_value": float("nan"), "static": float("nan")}
     oracle = float(fixes.any(axis=0).mean())
     rng = np.random.default_rng(seed)
     null = np.array([rng.permuted(fixes, axis=1).any(axis=0).mean() for _ in range(n_perm)])
     static = float(np.asarray(static_correct, bool)[wrong].mean()) if static_correct is not None else float("nan")
     return {"wrong_items": n, "oracle": oracle, "null_mean": float(null.mean()),
+            "fixes_per_head": fixes.sum(axis=1).astype(int).tolist(),
             "null_low": float(np.quantile(null, 0.025)), "null_high": float(np.quantile(null, 0.975)),
             "gap": oracle - float(null.mean()), "p_value": float((1 + (null >= oracle).sum()) / (n_perm + 1)),
             "static": static}
@@ -210,3 +216,50 @@ class Boost(Selector):
         cost = {"forward_equivalents": 1.0 + n_eval, "seconds": time.perf_counter() - t0, "n_evaluations": n_eval}
         return Offer(sets, cost, order[:max_k], info={"alpha": alpha, "ranking": ranking, "doses": table},
                      mode=Ablation.of("scale", alpha=alpha))
+
+
+def boost_vs_remove(lm, search_task, encs: dict, cel_set, design: Design, max_k: int = 3) -> dict:
+    """The boost selector's offer (sizes ``1..max_k``, chosen on ``search_task``) and the removal of ``cel_set``
+    (a set chosen elsewhere, e.g. by chapter 2) through the same pipeline on ``encs["confirm"]`` and
+    ``encs["heldout"]`` (items that chose neither): ``boost`` and ``remove`` (:class:`~cel_utils.pipeline.Run`),
+    the boost dose ``alpha``, the ``ranking`` and the ``doses`` it was chosen from."""
+    ctx = Context.make(lm, search_task, design)
+    off = REGISTRY["boost"].offer(ctx, max_k)
+    boost = pipeline_run(ctx, off, REGISTRY["boost"], encs)
+    remove = run(ctx.lm, encs, {format_set(cel_set): list(cel_set)}, ctx.design, "offered", selector="removal")
+    return {"boost": boost, "remove": remove, "alpha": off.info["alpha"], "ranking": off.info["ranking"],
+            "doses": off.info["doses"], "mode": off.mode}
+
+
+def ceiling(lm, task, static_heads, n_wrong: int = 32, n_perm: int = 2000, seed: int = 0,
+            progress: bool = False) -> dict:
+    """:func:`per_item_ceiling` on the first ``n_wrong`` items of ``task`` the intact model gets wrong: every
+    single head removed on each (an exact screen of those items), ``static_heads`` removed on all of them.
+    Adds ``items_read`` (items of ``task`` read to find them) and ``heads``."""
+    enc = encode_task(lm, task)
+    base = evaluate_head_sets(lm, enc, [[]], progress=False)
+    wrong = np.flatnonzero(~base.correct[0].astype(bool))[:n_wrong]
+    sub = replace(task, items=[task.items[i] for i in wrong])
+    if not len(wrong):
+        return {**per_item_ceiling(np.ones(1, bool), np.ones((1, 1), bool)), "items_read": len(task.items),
+                "heads": 0}
+    sc = screen(lm, sub, progress=progress)                                  # results.correct: [heads, n_wrong]
+    static = evaluate_head_sets(lm, encode_task(lm, sub), [list(static_heads)], progress=False).correct[0]
+    out = per_item_ceiling(sc.baseline.correct[0], sc.results.correct, n_perm, seed, static)
+    return {**out, "items_read": len(task.items), "heads": len(sc.heads)}
+
+
+def tail(task_name: str, split: str, start: int, n: int, seed: int = 0):
+    """Items ``start .. start + n - 1`` of a built-in task's ``split`` (fewer when it ends first): the items an
+    earlier chapter left unused (chapter 2 chose and graded its sets on the first ones of confirm and held-out).
+
+        >>> t = tail("addition", "confirm", 200, 5)
+        >>> len(t.items), t.items[0] == load_task("addition", "confirm").items[200]
+        (5, True)
+    """
+    from .errors import CELError
+
+    full = load_task(task_name, split, seed=seed)
+    if start >= len(full.items):
+        raise CELError(f"task {task_name!r}: its {split} split has {len(full.items)} items, none after {start}")
+    return replace(full, items=full.items[start:start + n])

@@ -118,3 +118,40 @@ def bottom_line(rec: Records) -> list[str]:
                      "battery as a capability; the others' gains depend on what their label names (the task's own "
                      "prompt, a constant the head adds, teacher forcing, a cost) or the items could not tell.")
     return lines
+
+
+def remove_scale_boost(rec: Records) -> list[str]:
+    """Chapter 2b in three computed sentences (markdown lines): the dose, boosting against removal, the per-item
+    ceiling; empty when chapter 2b has not run."""
+    r = rec.raw.get("02b_remove_scale_boost")
+    if not r:
+        return []
+    lines = []
+    dose = pd.DataFrame(r.get("dose", []))
+    if len(dose):
+        removal = int((dose.chosen_alpha == 0).sum())
+        better = dose[(dose.chosen_alpha != 0) & (dose.p_value < 0.05) & (dose.best_minus_removal > 0)]
+        lines.append(f"- **Dose.** Of {len(dose)} dose curves (chapter 2's sets and their heads alone), the choose "
+                     f"items pick removal (alpha = 0) for {removal}; another dose beats removal on the graded items "
+                     f"(McNemar p < 0.05) for {len(better)}"
+                     + (": " + ", ".join(f"{x.model} {x.heads} at alpha = {x.chosen_alpha:g} "
+                                         f"({x.best_minus_removal:+.3f})" for x in better.itertuples())
+                        if len(better) else "") + ".")
+    boost = pd.DataFrame(r.get("boost_table", []))
+    if len(boost):
+        parts = []
+        for m, g in boost.groupby("model", sort=False):
+            b = g[g.intervention != "remove"].iloc[0]
+            rm = g[g.intervention == "remove"].iloc[0]
+            gain = lambda x: f"{x.heldout_delta:+.3f}" if _num(x.heldout_delta) else "nothing confirmed"  # noqa: E731
+            parts.append(f"{m}: {b.intervention} {gain(b)}{' (holds)' if b.holds else ''}, removal of chapter 2's "
+                         f"set {gain(rm)}{' (holds)' if rm.holds else ''}")
+        lines.append("- **Boost or remove** (held-out gain in accuracy of each pipeline's chosen set): "
+                     + "; ".join(parts) + ".")
+    ceil = pd.DataFrame(r.get("ceiling", []))
+    if len(ceil):
+        lines.append("- **Per-item ceiling.** " + "; ".join(
+            f"{x.model}: some single head fixes {x.oracle:.0%} of {x.wrong_items} wrong items, {x.null_mean:.0%} "
+            f"under the null, so per-item choice could add at most {x.gap:+.0%} (chapter 2's set: {x.static:.0%})"
+            for x in ceil.itertuples()) + ".")
+    return lines

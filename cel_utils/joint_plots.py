@@ -186,3 +186,48 @@ def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_layout(title=dict(text=fit(title or "held-out gain of the set each selector chooses, by size",
                                           width)), width=width, height=440, legend=dict(orientation="h", y=-0.2))
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 2b: remove, scale or boost
+# ---------------------------------------------------------------------------------------------
+
+
+def dose_curves(curves: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Held-out change in accuracy against the dose alpha (0 removes, 1 is the intact model), one line per head
+    set with its 95% CI; the confirm split's curve (where the dose was chosen) dotted.
+
+    ``curves``: the rows of :meth:`cel_utils.dose.DoseCurve.record` ``curve`` with a ``heads`` column."""
+    fig = go.Figure()
+    for i, (heads, g) in enumerate(curves.groupby("heads", sort=False)):
+        color = f"hsl({(i * 97) % 360},60%,42%)"
+        h = g[g.split == "heldout"].sort_values("alpha")
+        c = g[g.split == "confirm"].sort_values("alpha")
+        fig.add_scatter(x=h["alpha"], y=h["delta_accuracy"], mode="lines+markers", name=f"{heads} (held-out)",
+                        line={"color": color},
+                        error_y={"type": "data", "symmetric": False, "array": h["ci_high"] - h["delta_accuracy"],
+                                 "arrayminus": h["delta_accuracy"] - h["ci_low"]},
+                        hovertemplate="alpha %{x:g}: %{y:+.3f}<extra>" + heads + " held-out</extra>")
+        fig.add_scatter(x=c["alpha"], y=c["delta_accuracy"], mode="lines", name=f"{heads} (confirm: chooses)",
+                        line={"color": color, "dash": "dot"},
+                        hovertemplate="alpha %{x:g}: %{y:+.3f}<extra>" + heads + " confirm</extra>")
+    fig.add_hline(y=0, line_color="grey", line_width=1)
+    fig.add_vline(x=1, line_color="grey", line_dash="dash", line_width=1)
+    fig.update_layout(title=title, xaxis_title="alpha (the heads' output multiplied by it; 0 removes, 1 intact)",
+                      yaxis_title="change in accuracy", height=430, legend={"font": {"size": 11}})
+    return fig
+
+
+def ceiling_bars(rows: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Per model: the share of wrong items some single-head removal fixes (the oracle), the same share with the
+    item-head link broken (the null, with its 95% range) and the share the static set fixes."""
+    fig = go.Figure()
+    x = rows["model"] + " · " + rows["task"]
+    fig.add_bar(x=x, y=rows["oracle"], name="oracle (a head chosen per item)")
+    fig.add_bar(x=x, y=rows["null_mean"], name="null (link broken)",
+                error_y={"type": "data", "symmetric": False, "array": rows["null_high"] - rows["null_mean"],
+                         "arrayminus": rows["null_mean"] - rows["null_low"]})
+    fig.add_bar(x=x, y=rows["static"], name="the static set (chapter 2)")
+    fig.update_layout(title=title, barmode="group", yaxis_title="share of wrong held-out items fixed",
+                      yaxis_range=[0, 1], height=400)
+    return fig

@@ -260,7 +260,10 @@ class Run:
         c = self.chosen()
         if c is None:
             return f"the {self.selector} pipeline confirmed none of its {len(self.offered())} sets: it removes nothing"
-        text = (f"localized: removing {c['heads']} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
+        ab = self.design.mode
+        act = (f"scaling {c['heads']} by {ab.alpha:g}" if getattr(ab, "mode", ab) == "scale"
+               else f"removing {c['heads']}")
+        text = (f"localized: {act} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
                 f"[{c['heldout_ci_low']:+.3f}, {c['heldout_ci_high']:+.3f}], Holm p = {c['heldout_p_holm']:.2g}"
                 if c["holds"] else f"{verb} ({c['heads']}) but not replicated on held-out items "
                 f"({c['heldout_delta_accuracy']:+.3f}, Holm p = {c['heldout_p_holm']:.2g})")

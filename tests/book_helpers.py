@@ -23,6 +23,8 @@ CI_PARAMETERS = {
                         "gate_steps": 2, "selector_max_k": 2, "selector_random_sets": 2,
                         "selector_compressed_evals": 8},
     "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_tokens": 5, "n_positions": 6, "n_flipped_rows": 2},
+    "02b_remove_scale_boost": {"alphas": [0.0, 0.5, 1.0, 1.5], "n_choose": 12, "n_grade": 12, "n_search": 6,
+                               "boost_max_k": 2, "ceiling_wrong": 4, "n_perm": 200, "text_tokens": 200, "n_cost": 6},
     "04_findings": {},
     "05_closing": {},
     "03_theory": {"steps": 3000, "sweep_sigmas": [1e-4, 1.0], "sweep_heads": [2, 4], "sweep_seeds": 3,

@@ -441,3 +441,41 @@ def test_capability_records(staged):
             of_pair = [b for b in r["batteries"] if (b["model"], b["task"]) == v]
             got = [b["heads"] for b in of_pair if b["role"] == GATES_ROLE]
             assert got == [c] or (not got and c in {b["heads"] for b in of_pair}), (v, c, got)
+
+
+def test_remove_scale_boost_chapter_records(staged):
+    """Chapter 2b doses, boosts and bounds chapter 2's chosen sets on items chapter 2 did not use: each curve's
+    intact point is exactly no change, its chosen dose is the choose items' best, removal's held-out test counts
+    the items where the two doses disagree, boosting runs at a dose above 1, and the ceiling's null has its range around
+    its mean (every figure from the record)."""
+    rec, joint = record(staged, "02b_remove_scale_boost"), record(staged, "02_joint_search")
+    p = CI_PARAMETERS["02b_remove_scale_boost"]
+    assert rec["models"], "chapter 2b dosed nothing"
+    assert rec["items"]["grade"][0] >= joint["parameters"]["n_heldout"]
+    assert rec["items"]["choose"][0] >= joint["parameters"]["n_confirm"]
+    for c in rec["curves"]:
+        t = pd.DataFrame(c["curve"])
+        assert sorted(t.alpha.unique()) == sorted(set(p["alphas"]) | {0.0, 1.0})
+        assert (t[t.alpha == 1.0].delta_accuracy == 0).all() and (t[t.alpha == 1.0].delta_margin == 0).all()
+        conf = t[(t.split == "confirm") & (t.alpha != 1.0)]
+        best = conf.delta_accuracy.max()
+        if best > 0:
+            assert conf[conf.alpha == c["chosen_alpha"]].delta_accuracy.iloc[0] == best
+        else:
+            assert c["chosen_alpha"] == 1.0
+        r = c["removal_vs_best"]
+        held = t[t.split == "heldout"].set_index("alpha").delta_accuracy
+        n = rec["items"]["grade"][1] - rec["items"]["grade"][0]
+        assert r["delta"] == pytest.approx(held[c["chosen_alpha"]] - held[0.0], abs=1e-9)
+        assert (r["better"] - r["worse"]) / n == pytest.approx(r["delta"], abs=1e-9)
+        assert r["p_value"] == pytest.approx(mcnemar_p(r["better"], r["worse"]), abs=1e-12)
+    for b in rec["boost"]:
+        assert b["alpha"] > 1 and b["boost"]["design"]["mode"].startswith("scale")
+        assert b["remove"]["design"]["mode"] == "zero"
+    kinds = pd.DataFrame(rec["boost_table"]).groupby("model").intervention.apply(set)
+    assert all(len(k) == 2 and "remove" in k for k in kinds)
+    for c in rec["ceiling"]:
+        assert 0 < c["wrong_items"] <= p["ceiling_wrong"]
+        assert 0 <= c["static"] <= 1 and 0 <= c["oracle"] <= 1   # a set can fix items no single head fixes
+        assert c["null_low"] <= c["null_mean"] <= c["null_high"] and c["gap"] == pytest.approx(
+            c["oracle"] - c["null_mean"])

@@ -33,4 +33,4 @@ def test_the_record_names_the_ablation_kind():
     from cel_utils.ablation import Ablation
 
     r = Design(mode=Ablation.of("scale", alpha=0.5), top_k=3).record()
-    assert r["mode"] == "scale" and r["top_k"] == 3 and r["dtype"] is None
+    assert r["mode"] == "scale 0.5" and r["top_k"] == 3 and r["dtype"] is None   # a scale with its alpha

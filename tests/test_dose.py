@@ -84,6 +84,22 @@ def test_ceiling_null_is_near_zero_for_random_flips_and_positive_for_item_specif
     assert dose.per_item_ceiling(base, shared, n_perm=300)["gap"] < -0.3
 
 
+def test_ceiling_null_mean_is_the_exact_expectation_of_independent_permutations():
+    """Under the null each head's f fixes fall on a random f of the n wrong items, independently per head, so an
+    item escapes every head with probability prod(1 - f_h / n): the null's mean against that closed form, with
+    heads of very unequal fix counts (where an equal-rate null would be wrong)."""
+    rng = np.random.default_rng(3)
+    counts = [1, 2, 2, 5, 30, 60]
+    fixes = np.zeros((len(counts), 100), bool)
+    for j, f in enumerate(counts):
+        fixes[j, rng.choice(100, f, replace=False)] = True
+    c = dose.per_item_ceiling(np.zeros(100, bool), fixes, n_perm=4000, seed=2)
+    want = 1 - np.prod(1 - np.array(counts) / 100)
+    assert c["fixes_per_head"] == counts
+    assert c["null_mean"] == pytest.approx(want, abs=0.005)            # Monte Carlo sd about 0.0007
+    assert abs(c["null_mean"] - (1 - (1 - np.mean(counts) / 100) ** len(counts))) > 0.02
+
+
 def test_ceiling_reads_only_wrong_items_and_the_static_set():
     base = np.array([1, 1, 0, 0], bool)
     heads = np.array([[0, 0, 1, 0], [1, 1, 0, 0]], bool)            # head 2 fixes nothing wrong
@@ -114,6 +130,41 @@ def test_choose_dose_takes_the_confirm_argmax_and_never_reads_heldout():
     assert dose.choose_dose(t) == 1.0
 
 
+def _hand_correct(lm, task, heads, mode="zero"):
+    """Per item: is the right choice the most likely (summed log-probabilities of its tokens), from the model's own
+    logits with ``heads`` ablated by ``ablate_heads`` (one prompt at a time, no engine)."""
+    right = []
+    for it in task.items:
+        scores = []
+        with ablate_heads(lm, heads, mode):
+            for c in it["choices"]:
+                ids = lm.tokenizer(it["prompt"] + c)["input_ids"]
+                n = len(lm.tokenizer(it["prompt"])["input_ids"])
+                with torch.no_grad():
+                    lp = lm.model(input_ids=torch.tensor([ids])).logits.float().log_softmax(-1)[0]
+                scores.append(sum(lp[i - 1, ids[i]].item() for i in range(n, len(ids))))
+        right.append(int(np.argmax(scores)) == it["answer"])
+    return np.array(right)
+
+
+def test_ceiling_on_a_model_matches_single_head_removals_done_by_hand(lm):
+    """dose.ceiling: the wrong items are the intact model's, and its oracle and static share equal those of every
+    head removed alone (and the static set) by hand, one prompt at a time."""
+    from dataclasses import replace
+
+    task = load_task("ioi", "heldout", n=30)
+    static = [(1, 0), (0, 1)]
+    c = dose.ceiling(lm, task, static, n_wrong=6, n_perm=100)
+    base = _hand_correct(lm, task, [])
+    wrong = np.flatnonzero(~base)[:6]
+    sub = replace(task, items=[task.items[i] for i in wrong])
+    per_head = np.array([_hand_correct(lm, sub, [(layer, h)]) for layer in range(lm.n_layers)
+                         for h in range(lm.n_heads)])
+    assert c["wrong_items"] == len(wrong) > 0 and c["heads"] == lm.n_layers * lm.n_heads
+    assert c["oracle"] == per_head.any(axis=0).mean() and c["fixes_per_head"] == per_head.sum(axis=1).tolist()
+    assert c["static"] == _hand_correct(lm, sub, static).mean()
+
+
 def test_boost_chooses_the_dose_with_the_largest_mean_search_gain(lm):
     """choose_boost against a second computation: each alpha's sets scaled by hand through ablate_heads and the
     model's own logits, the accuracy of the correct choice averaged over the sets."""
@@ -124,18 +175,7 @@ def test_boost_chooses_the_dose_with_the_largest_mean_search_gain(lm):
     alpha, table = dose.choose_boost(lm, enc, sets, alphas=doses)
 
     def accuracy(heads, a):
-        right = []
-        for it in task.items:
-            with ablate_heads(lm, heads, Ablation.of("scale", alpha=a)):
-                scores = []
-                for c in it["choices"]:
-                    ids = lm.tokenizer(it["prompt"] + c)["input_ids"]
-                    n = len(lm.tokenizer(it["prompt"])["input_ids"])
-                    with torch.no_grad():
-                        lp = lm.model(input_ids=torch.tensor([ids])).logits.float().log_softmax(-1)[0]
-                    scores.append(sum(lp[i - 1, ids[i]].item() for i in range(n, len(ids))))
-            right.append(int(np.argmax(scores)) == it["answer"])
-        return np.mean(right)
+        return np.mean(_hand_correct(lm, task, heads, Ablation.of("scale", alpha=a)))
 
     base = accuracy([], 1.0)
     gains = {a: np.mean([accuracy(s, a) - base for s in sets]) for a in doses}
