@@ -9,6 +9,8 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
   the right answer over its competitor (chapter 2a's machinery); the top ones are the ones to *boost*;
 * the ``boost`` selector (:class:`Boost`, in :data:`cel_utils.selectors.REGISTRY` once this module is imported):
   the top ``k`` of :func:`direct_ranking`, their outputs multiplied by a dose above 1 chosen on the search split;
+* :func:`recall_at_budget` -- how many of the exact screen's top k heads the gradient, compressed-sensing and
+  gate selectors find at a fixed budget of forward-equivalents, with a bootstrap CI over items of the reference;
 * :func:`per_item_ceiling` -- the fraction of wrong items that *some* single-head removal fixes (an oracle that
   chooses on the item itself) beside the same fraction with the item-head link broken (each head's flips
   permuted over the wrong items): the gap is what per-item head choice could at most add.
@@ -31,7 +33,7 @@ import torch
 
 from .ablation import Ablation, format_set, head_name
 from .compare import paired_table
-from .defaults import BOOST_ALPHAS
+from .defaults import BOOST_ALPHAS, GRADIENT_FORWARD_EQUIVALENTS
 from .design import Design
 from .engine import evaluate_head_sets
 from .pipeline import Run, run
@@ -263,3 +265,59 @@ def tail(task_name: str, split: str, start: int, n: int, seed: int = 0):
     if start >= len(full.items):
         raise CELError(f"task {task_name!r}: its {split} split has {len(full.items)} items, none after {start}")
     return replace(full, items=full.items[start:start + n])
+
+
+def recall_ci(per_item: np.ndarray, chosen: dict, k: int, n_boot: int = 1000, seed: int = 0) -> dict:
+    """Per named head set (indices into the rows of ``per_item [heads, items]``, each head's change in margin per
+    item): the share of the top ``k`` heads by mean change that it holds, and a percentile 95% CI over items
+    (the items resampled, the top ``k`` recomputed; the sets stay fixed).
+
+        >>> per_item = np.array([[3.0, 3.0, 3.0], [0.0, 0.1, 0.0], [1.0, -1.0, 0.2]])
+        >>> recall_ci(per_item, {"a": [0]}, k=1, n_boot=50)["a"]
+        (1.0, 1.0, 1.0)
+    """
+    rng = np.random.default_rng(seed)
+
+    def recall(mean, idx):
+        top = set(np.lexsort((np.arange(len(mean)), -mean))[:k])
+        return len(top & set(idx)) / k
+
+    n = per_item.shape[1]
+    out = {}
+    boots = [per_item[:, rng.integers(0, n, n)].mean(1) for _ in range(n_boot)]
+    for name, idx in chosen.items():
+        b = np.array([recall(m, idx) for m in boots])
+        out[name] = (recall(per_item.mean(1), idx), float(np.quantile(b, 0.025)), float(np.quantile(b, 0.975)))
+    return out
+
+
+def recall_at_budget(ctx: Context, budgets=(12.0, 48.0), k: int = 5, n_boot: int = 1000) -> pd.DataFrame:
+    """Recall of the exact screen's top ``k`` heads (by change in search margin) by the gradient selector (at its
+    own cost) and by compressed sensing and the learned gates at each budget of forward-equivalents over the
+    search items (knockouts = budget; gate steps = budget over the forward-equivalents of one step of every
+    gate run), each with its actual cost and a CI over items of the reference (:func:`recall_ci`)."""
+    from .gates import GateSettings
+
+    sc = ctx.screen()
+    index = {h: i for i, h in enumerate(sc.heads)}
+    per_item = sc.results.margin - sc.baseline.margin                 # [heads, items]
+    gs = ctx.options.gates or GateSettings()
+    per_step = GRADIENT_FORWARD_EQUIVALENTS * min(1.0, gs.batch_size / ctx.enc.n_items) * len(gs.penalties) * \
+        len(gs.inits)
+    runs = [("gradient", GRADIENT_FORWARD_EQUIVALENTS, ctx)]
+    for b in budgets:
+        runs.append(("compressed", b, replace(ctx, options=replace(ctx.options, compressed_evals=int(b)))))
+        steps = max(1, int(b // per_step))
+        runs.append(("gates", b, replace(ctx, options=replace(ctx.options, gates=replace(gs, steps=steps)))))
+    rows, chosen = [], {}
+    for key, budget, c in runs:
+        off = REGISTRY[key].offer(c, k)
+        name = f"{key} @ {budget:g}"
+        chosen[name] = [index[h] for h in off.sets[k - 1]]
+        rows.append({"selector": key, "budget": budget, "forward_equivalents": off.cost["forward_equivalents"],
+                     "heads": format_set(off.sets[k - 1]), "name": name})
+    ci = recall_ci(per_item, chosen, k, n_boot, ctx.design.seed)
+    t = pd.DataFrame(rows)
+    t["recall"], t["ci_low"], t["ci_high"] = zip(*(ci[n] for n in t["name"]))
+    t["exact_forward_equivalents"] = ctx.screen_cost()["forward_equivalents"]
+    return t.drop(columns=["name"])

@@ -231,3 +231,21 @@ def ceiling_bars(rows: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_layout(title=title, barmode="group", yaxis_title="share of wrong held-out items fixed",
                       yaxis_range=[0, 1], height=400)
     return fig
+
+
+def recall_budget(t: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Recall of the exact screen's top k against the forward-equivalents each selector spent, one line per model
+    and selector, with the reference's 95% CI over items; the exact screen's own cost marked per model."""
+    fig = go.Figure()
+    for (model, sel), g in t.groupby(["model", "selector"], sort=False):
+        g = g.sort_values("forward_equivalents")
+        fig.add_scatter(x=g["forward_equivalents"], y=g["recall"], mode="lines+markers", name=f"{model}: {sel}",
+                        error_y={"type": "data", "symmetric": False, "array": g["ci_high"] - g["recall"],
+                                 "arrayminus": g["recall"] - g["ci_low"]},
+                        hovertemplate="%{x:.0f} forward-equivalents: recall %{y:.2f}<extra>" + sel + "</extra>")
+    for model, g in t.groupby("model", sort=False):
+        fig.add_vline(x=float(g["exact_forward_equivalents"].iloc[0]), line_dash="dot", line_color="grey",
+                      annotation_text=f"exact screen ({model})", annotation_font_size=10)
+    fig.update_layout(title=title, xaxis_title="forward-equivalents over the search items (log)", xaxis_type="log",
+                      yaxis_title="recall of the exact top k", yaxis_range=[-0.05, 1.05], height=420)
+    return fig

@@ -219,3 +219,26 @@ def tiny_model_from(folder):
     from cel_utils.models import load_model
 
     return load_model(folder)
+
+
+def test_recall_at_budget_against_separate_screens(lm):
+    """The gradient row's recall is the overlap of the gradient screen's top k with the exact screen's top k, both
+    computed here by separate calls; each budgeted selector's cost stays near its budget; the CI holds the recall
+    when the reference is certain (the bootstrap of a planted dominant head)."""
+    from cel_utils.approximate import gradient_screen
+    from cel_utils.design import Design
+    from cel_utils.screening import screen
+    from cel_utils.selectors import Context
+
+    task = load_task("ioi", "search", n=12)
+    ctx = Context.make(lm, task, Design(seed=0))
+    t = dose.recall_at_budget(ctx, budgets=(8.0,), k=3, n_boot=100)
+    assert list(t.selector) == ["gradient", "compressed", "gates"]
+    ex = screen(lm, task, progress=False).top(3)
+    top = {(int(r.layer), int(r.head_index)) for r in ex.itertuples()}
+    g = gradient_screen(lm, task)
+    order = np.argsort(-np.asarray(g.estimate), kind="stable")[:3]
+    want = len(top & {g.heads[i] for i in order}) / 3
+    assert t.recall.iloc[0] == pytest.approx(want)
+    assert (t.ci_low <= t.ci_high).all() and ((t.recall >= 0) & (t.recall <= 1)).all()
+    assert t.forward_equivalents.iloc[1] <= 8.0 * 1.5                 # compressed: about its budget
