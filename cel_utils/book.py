@@ -334,7 +334,8 @@ def strip_thebe(html: str) -> str:
 # The one list of chapters, in the order they are executed (each reads the records of those before it: 1c tests
 # the sets chapter 2 chose, 2a explains heads 1c labelled); the toc, the summary pages and the tests read it.
 CHAPTERS = ["01_screening", "01a_landscape", "01b_screening_at_scale", "02_joint_search", "01c_capability",
-            "02a_mechanism", "02b_remove_scale_boost", "03_theory", "04_findings", "05_closing"]
+            "02a_mechanism", "02b_remove_scale_boost", "03_theory", "03a_conflict_or_noise",
+            "04_findings", "05_closing"]
 
 
 def expected_chapters() -> list[str]:

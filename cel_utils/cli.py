@@ -17,7 +17,7 @@
                [--seed S] [--out F]
     cel calibrate --model M [--tasks variants|T1,T2,...] [--n N] [--band LOW,HIGH] [--per-model K] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
-    cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--out F]
+    cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--attention softmax|softmax1|gated] [--out F]
     cel exercises list
     cel exercises check NOTEBOOK
 
@@ -214,8 +214,17 @@ def cmd_theory(args):
         raise CELError("--sigma must be positive")
     if args.steps < 1:
         raise CELError("--steps must be at least 1")
-    res = theory.run(n_heads=args.heads, sigma=args.sigma, seed=args.seed, steps=args.steps, lr=args.lr)
-    emit(dynamics.run_record(res), args.out)
+    from . import rival
+
+    if args.attention == "softmax":
+        res = theory.run(n_heads=args.heads, sigma=args.sigma, seed=args.seed, steps=args.steps, lr=args.lr)
+        out = dynamics.run_record(res)
+    else:   # chapter 3a's heads that can abstain (the early phase is derived for softmax heads only)
+        res = rival.train_variant(args.attention, args.heads, args.sigma, [args.seed], args.steps, args.lr)
+        out = res.summary()
+    out["attention"] = args.attention
+    out["outcome"] = {k: (v.item() if hasattr(v, "item") else v) for k, v in rival.outcomes(res).iloc[0].items()}
+    emit(out, args.out)
 
 
 def cmd_calibrate(args):

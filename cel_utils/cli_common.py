@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, typ, default in (("--heads", int, 4), ("--sigma", float, 1e-4), ("--seed", int, 0),
                                ("--steps", int, 4000), ("--lr", float, 0.5)):
         t.add_argument(flag, type=typ, default=default)
+    t.add_argument("--attention", default="softmax", choices=["softmax", "softmax1", "gated"],
+                   help="the heads: softmax (chapter 3), softmax1 (can attend to nothing) or gated (a learned output "
+                        "gate per head; chapter 3a)")
     t.add_argument("--out", default=None)
     le = sub.add_parser("lm-eval", add_help=False,
                         help="lm-evaluation-harness's command line with the model type `cel` (heads removed)")

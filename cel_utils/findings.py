@@ -148,6 +148,13 @@ def remove_scale_boost(rec: Records) -> list[str]:
                          f"set {gain(rm)}{' (holds)' if rm.holds else ''}")
         lines.append("- **Boost or remove** (held-out gain in accuracy of each pipeline's chosen set): "
                      + "; ".join(parts) + ".")
+    rc = pd.DataFrame(r.get("recall", []))
+    if len(rc):
+        best = rc.loc[rc.groupby("model", sort=False).recall.idxmax()]
+        lines.append("- **Finding the heads cheaply.** " + "; ".join(
+            f"{x.model}: the best cheap selector ({x.selector}, {x.forward_equivalents:.0f} forward-equivalents) finds "
+            f"{x.recall:.0%} [{x.ci_low:.0%}, {x.ci_high:.0%}] of the exact screen's top heads, which cost "
+            f"{x.exact_forward_equivalents:.0f}" for x in best.itertuples()) + ".")
     ceil = pd.DataFrame(r.get("ceiling", []))
     if len(ceil):
         lines.append("- **Per-item ceiling.** " + "; ".join(
@@ -155,3 +162,25 @@ def remove_scale_boost(rec: Records) -> list[str]:
             f"under the null, so per-item choice could add at most {x.gap:+.0%} (chapter 2's set: {x.static:.0%})"
             for x in ceil.itertuples()) + ".")
     return lines
+
+
+def conflict_or_noise(rec: Records) -> list[str]:
+    """Chapter 3a in one computed sentence per account (markdown lines); empty when it has not run."""
+    r = rec.raw.get("03a_conflict_or_noise")
+    if not r:
+        return []
+    pred, sig = pd.DataFrame(r.get("predictions", [])), pd.DataFrame(r.get("signature", []))
+    t = pd.DataFrame(r.get("table", []))
+    conf = pred[pred.setting == "conflict"] if len(pred) else pred
+    lines = [f"- **Conflict** (a two-sided trade-off that survives an off switch): in the toy with a conflicting "
+             f"feature its prediction is met at {int((conf.conflict == 'met').sum())} of {len(conf)} initial scales "
+             f"({int(t.runs.max()) if len(t) else 0} runs per cell, softmax, softmax-1 and gated heads)."]
+    noise = (f"- **Noise** (a one-sided gain that vanishes when heads can abstain): met in "
+             f"{int((pred.noise == 'met').sum())} of {len(pred)} toy cells; the largest share of a run's heads both "
+             f"tasks are better without is {t.heads_help_both.max():.2f}" if len(t) else "- **Noise**: not run")
+    if len(sig):
+        opp, same = sig[sig.p_opposite_holm < 0.05], sig[sig.p_same_holm < 0.05]
+        noise += (f". In the real models, {len(opp)} of {len(sig)} task pairs have more heads moving the tasks "
+                  f"oppositely than random head pairs, {len(same)} more moving them alike (Holm p < 0.05; "
+                  f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f})")
+    return lines + [noise + "."]

@@ -120,12 +120,22 @@ def best_single_head_loss(setup: Setup = DEFAULT, restarts: int = 20, seed: int 
 # ----------------------------------------------------------------------------------------------
 # The multi-head model and its training (vectorised over independent runs)
 # ----------------------------------------------------------------------------------------------
-def head_attention(theta: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+ATTENTIONS = ("softmax", "softmax1")   # softmax1: an extra zero logit, so a head can attend to nothing
+
+
+def head_attention(theta: torch.Tensor, counts: torch.Tensor, attention: str = "softmax") -> torch.Tensor:
     """Per-token attention of each type: ``theta [..., head, type]`` -> ``p [..., head, type]``.
 
-    ``p[..., t]`` is the weight on *one* token of type t; ``sum_t counts[t] p[..., t] = 1``.
+    ``p[..., t]`` is the weight on *one* token of type t; ``sum_t counts[t] p[..., t] = 1`` for ``softmax``, and
+    ``< 1`` for ``softmax1`` (softmax over the scores and one more logit fixed at 0 whose value is nothing: the
+    head can put its weight nowhere and output about zero).
     """
     logits = theta + torch.log(counts)
+    if attention == "softmax1":
+        null = torch.zeros_like(logits[..., :1])
+        return torch.softmax(torch.cat([logits, null], -1), dim=-1)[..., :-1] / counts
+    if attention != "softmax":
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {attention!r}")
     return torch.softmax(logits, dim=-1) / counts
 
 
@@ -136,6 +146,8 @@ class Params:
     theta: torch.Tensor  # [runs, head, type] key-query scores (or built from q, k)
     q: torch.Tensor | None = None  # [runs, head, d] factored query (variant)
     k: torch.Tensor | None = None  # [runs, head, type, d] factored keys (variant)
+    gate: torch.Tensor | None = None  # [runs, head] logits of a learned output gate sigmoid(gate) (variant)
+    attention: str = "softmax"     # or "softmax1" (:func:`head_attention`)
 
     def scores(self) -> torch.Tensor:
         if self.q is not None:
@@ -143,7 +155,12 @@ class Params:
         return self.theta
 
     def values(self) -> torch.Tensor:
-        return self.a * self.b  # [runs, head]
+        v = self.a * self.b  # [runs, head]
+        return v if self.gate is None else v * torch.sigmoid(self.gate)
+
+    def weights(self, counts: torch.Tensor) -> torch.Tensor:
+        """Per-head effective weights ``W_h [runs, head, type]`` (their sum over heads is ``W``)."""
+        return self.values()[..., None] * head_attention(self.scores(), counts, self.attention)
 
 
 def init_params(runs: int, n_heads: int, sigma: float | torch.Tensor, seed: int = 0, value: str = "factored",
@@ -167,8 +184,7 @@ def init_params(runs: int, n_heads: int, sigma: float | torch.Tensor, seed: int 
 
 def effective_weights(p: Params, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``W [runs, type]`` and the per-head parts ``W_h [runs, head, type]``."""
-    att = head_attention(p.scores(), counts)  # [runs, head, type]
-    Wh = p.values()[..., None] * att
+    Wh = p.weights(counts)   # [runs, head, type]
     return Wh.sum(1), Wh
 
 
@@ -293,11 +309,8 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
     """
     sig_list = np.atleast_1d(np.asarray(sigma, dtype=float))
     seeds = list(seeds)
-    runs = len(sig_list) * len(seeds)
     sig = np.repeat(sig_list, len(seeds))
     run_seeds = seeds * len(sig_list)
-    counts = torch.tensor(setup.counts, dtype=torch.float64)
-    rho = torch.tensor(setup.rho, dtype=torch.float64)
     # one generator per run so that a run does not depend on what else is in the batch
     parts = [init_params(1, n_heads, float(s), seed=int(sd), value=value, qk=qk, qk_scale=qk_scale)
              for s, sd in zip(sig, run_seeds)]
@@ -306,9 +319,19 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
     names = ["a", "theta"] + (["b"] if value == "factored" else [])
     if qk == "factored":
         names = ["a", "q", "k"] + (["b"] if value == "factored" else [])
+    return descend(P, names, setup, steps, lr, record_every, meta={"n_heads": n_heads, "sigma": sig,
+                                                                    "seeds": run_seeds, "value": value})
+
+
+def descend(P: Params, names: list[str], setup: Setup, steps: int, lr: float, record_every: int = 20,
+            meta: dict | None = None) -> Run:
+    """Full-batch gradient descent on the population loss of ``P``'s parameters ``names`` (changed in place);
+    ``meta``: the :class:`Run`'s ``n_heads``, ``sigma``, ``seeds`` and ``value``."""
     for nme in names:
         getattr(P, nme).requires_grad_(True)
     params = [getattr(P, nme) for nme in names]
+    counts = torch.tensor(setup.counts, dtype=torch.float64)
+    rho = torch.tensor(setup.rho, dtype=torch.float64)
     W_star, L_star = optimum(setup)
     hist = {"loss": [], "att": [], "kappa": [], "value": [], "a": [], "b": []}
     rec_steps = []
@@ -323,7 +346,7 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
         hist["b"].append(P.b.detach().numpy().copy())
 
     for step in range(steps + 1):
-        att = head_attention(P.scores(), counts)
+        att = head_attention(P.scores(), counts, P.attention)
         Wh = P.values()[..., None] * att
         W = Wh.sum(1)
         if step % record_every == 0 or step == steps:
@@ -337,11 +360,12 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
                 prm -= lr * g
     with torch.no_grad():
         W, Wh = effective_weights(P, counts)
-        att = head_attention(P.scores(), counts) * counts
-    return Run(setup=setup, n_heads=n_heads, sigma=sig, seeds=run_seeds, steps=steps, lr=lr,
-               history={k: np.stack(v) for k, v in hist.items()}, record_steps=np.array(rec_steps),
-               final_W=W.numpy(), final_Wh=Wh.numpy(), final_att=att.numpy(), L_star=L_star, W_star=W_star,
-               value=value)
+        att = head_attention(P.scores(), counts, P.attention) * counts
+    m = meta or {}
+    return Run(setup=setup, n_heads=m.get("n_heads", P.a.shape[1]), sigma=m.get("sigma"), seeds=m.get("seeds"),
+               steps=steps, lr=lr, history={k: np.stack(v) for k, v in hist.items()},
+               record_steps=np.array(rec_steps), final_W=W.numpy(), final_Wh=Wh.numpy(), final_att=att.numpy(),
+               L_star=L_star, W_star=W_star, value=m.get("value", "factored"))
 
 
 def run(n_heads: int = 4, sigma: float = 1e-4, seed: int = 0, steps: int = 4000, lr: float = 0.5,

@@ -185,3 +185,25 @@ def plateau_rates(runs: pd.DataFrame, rates: dict, title: str | None = None) -> 
 
 # ---------------------------------------------------------------------------------------------
 # Numbered, captioned figures
+
+
+def rival_bars(table: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Chapter 3a: per setting, head kind and initial scale, the share of runs whose best removal for task A is a
+    two-sided trade-off (conflict's signature) or a one-sided gain (noise's), with exact 95% CIs."""
+    from plotly.subplots import make_subplots
+
+    settings = list(dict.fromkeys(table["setting"]))
+    fig = make_subplots(rows=1, cols=len(settings), subplot_titles=settings, shared_yaxes=True)
+    colors = {"two_sided": "#c0392b", "one_sided": "#2980b9"}
+    for j, s in enumerate(settings):
+        g = table[table["setting"] == s]
+        x = g["variant"] + ", σ=" + g["sigma"].map(lambda v: f"{v:g}")
+        for kind, color in colors.items():
+            fig.add_bar(x=x, y=g[kind], name=kind.replace("_", "-"), marker_color=color, legendgroup=kind,
+                        showlegend=j == 0, error_y=dict(type="data", symmetric=False,
+                                                       array=g[f"{kind}_high"] - g[kind],
+                                                       arrayminus=g[kind] - g[f"{kind}_low"]),
+                        hovertemplate="%{x}: %{y:.2f}<extra>" + kind + "</extra>", row=1, col=j + 1)
+    fig.update_yaxes(title_text="share of runs", range=[0, 1.05], row=1, col=1)
+    fig.update_layout(title=title, barmode="group", height=420, legend=dict(orientation="h", y=-0.25))
+    return fig

@@ -474,8 +474,44 @@ def test_remove_scale_boost_chapter_records(staged):
         assert b["remove"]["design"]["mode"] == "zero"
     kinds = pd.DataFrame(rec["boost_table"]).groupby("model").intervention.apply(set)
     assert all(len(k) == 2 and "remove" in k for k in kinds)
+    rc = pd.DataFrame(rec["recall"])
+    for m, g in rc.groupby("model"):
+        assert list(g.selector) == ["gradient"] + ["compressed", "gates"] * len(p["recall_budgets"])
+        assert (g.heads.str.count(r"\+") + 1 == p["recall_k"]).all()
+        assert ((g.recall * p["recall_k"]).round(9) % 1 == 0).all() and (g.ci_low <= g.ci_high).all()
+        assert (g.exact_forward_equivalents > g.forward_equivalents.iloc[0]).all()
     for c in rec["ceiling"]:
         assert 0 < c["wrong_items"] <= p["ceiling_wrong"]
         assert 0 <= c["static"] <= 1 and 0 <= c["oracle"] <= 1   # a set can fix items no single head fixes
         assert c["null_low"] <= c["null_mean"] <= c["null_high"] and c["gap"] == pytest.approx(
             c["oracle"] - c["null_mean"])
+
+
+def test_conflict_or_noise_chapter_records(staged):
+    """Chapter 3a: every (setting, kind of head, scale) cell has n_seeds runs whose kinds add up, each share's CI
+    is the exact binomial one (the beta-quantile form), each account's reading follows the chapter's rule from those
+    CIs, and the real-model signature's p-values lie in (0, 1] with the observed share beside its null."""
+    from scipy.stats import beta
+
+    rec = record(staged, "03a_conflict_or_noise")
+    p = CI_PARAMETERS["03a_conflict_or_noise"]
+    t, runs = pd.DataFrame(rec["table"]), pd.DataFrame(rec["runs"])
+    assert len(t) == 2 * 3 * len(p["sigmas"]) and (t.runs == p["n_seeds"]).all()
+    assert np.allclose(t.two_sided + t.one_sided + t.none, 1)
+    for r in t.itertuples():
+        cell = runs[(runs.setting == r.setting) & (runs.variant == r.variant) & (runs.sigma == r.sigma)]
+        k, n = int((cell.kind == "two-sided").sum()), len(cell)
+        assert r.two_sided == k / n
+        assert r.two_sided_low == pytest.approx(0.0 if k == 0 else beta.ppf(0.025, k, n - k + 1), abs=1e-9)
+        assert r.two_sided_high == pytest.approx(1.0 if k == n else beta.ppf(0.975, k + 1, n - k), abs=1e-9)
+
+    def read(lo, hi, high=True):
+        return ("met" if high else "not met") if lo > 0.5 else ("not met" if high else "met") if hi < 0.5 \
+            else "cannot tell"
+
+    for q in rec["predictions"]:
+        g = t[(t.setting == q["setting"]) & (t.sigma == q["sigma"])].set_index("variant")
+        parts = [read(g.loc[v, "two_sided_low"], g.loc[v, "two_sided_high"]) for v in ("softmax", "softmax1", "gated")]
+        assert q["conflict_parts"] == ", ".join(parts)
+    for s in rec["signature"]:
+        assert 0 < s["p_more_opposite"] <= 1 and 0 < s["p_more_same"] <= 1 and s["null_low"] <= s["null_high"]
