@@ -131,7 +131,8 @@ class Ablation:
       ``seed``; a sequence with no partner gets the ``means``) -- it keeps the head's constant part and removes
       what it reads from this item (two passes: :func:`cel_utils.engine.evaluate_head_sets` runs them);
     * ``scale``: the output multiplied by ``alpha`` (``alpha = 0`` is zero ablation, ``alpha = 1`` the intact
-      model, ``alpha > 1`` boosts the head).
+      model, ``alpha > 1`` boosts the head); with ``alphas`` (one factor per head set of an engine call) each set
+      gets its own factor in one batched call (chapter 2b's dose curves).
 
     :meth:`replacement` gives the removed value (the engine puts it where a head is masked, bit-identical
     elsewhere); :meth:`blend` moves each head part of the way (a gate or a mask in [0, 1]: the gates and the
@@ -139,7 +140,7 @@ class Ablation:
 
     Example:
         >>> Ablation.of("zero")
-        Ablation(mode='zero', means=None, alpha=0.0, seed=0)
+        Ablation(mode='zero', means=None, alpha=0.0, seed=0, alphas=())
         >>> Ablation.of("scale", alpha=0.5).describe()
         'scale 0.5'
         >>> Ablation.of("median")
@@ -152,12 +153,15 @@ class Ablation:
     means: torch.Tensor | None = None   # [n_layers, n_heads, d_head]: head means, fitted constants, or fallback
     alpha: float = 0.0                  # scale: the factor the output is multiplied by
     seed: int = 0                       # resample: the donors' permutation
+    alphas: tuple = ()                  # scale: one factor per head set of an engine call (instead of alpha)
 
     def __post_init__(self):
         if self.mode not in KINDS:
             raise CELError(f"unknown ablation mode {self.mode!r}; use one of {', '.join(KINDS)}")
-        if self.mode == "scale" and not np.isfinite(self.alpha):
-            raise CELError(f"scale ablation needs a finite alpha, got {self.alpha!r}")
+        if self.mode == "scale" and not np.isfinite([self.alpha, *self.alphas]).all():
+            raise CELError(f"scale ablation needs finite factors, got {self.alpha!r} {self.alphas!r}")
+        if self.alphas and self.mode != "scale":
+            raise CELError(f"per-set factors (alphas) are for scale ablation, not {self.mode}")
 
     @classmethod
     def of(cls, mode: "str | Ablation" = "zero", means: torch.Tensor | None = None,
@@ -171,6 +175,8 @@ class Ablation:
 
     def describe(self) -> str:
         """The kind as a short name (``"scale 0.5"`` for a scale factor)."""
+        if self.alphas:
+            return "scale per set (" + ", ".join(f"{a:g}" for a in self.alphas) + ")"
         return f"scale {self.alpha:g}" if self.mode == "scale" else self.mode
 
     def resolved(self, lm, token_lists: Sequence[Sequence[int]]) -> "Ablation":
@@ -189,6 +195,8 @@ class Ablation:
             out["means"] = hashlib.sha256(self.means.detach().cpu().float().numpy().tobytes()).hexdigest()
         if self.mode == "scale":
             out["alpha"] = self.alpha
+            if self.alphas:
+                out["alphas"] = list(self.alphas)
         if self.mode == "resample":
             out["seed"] = self.seed
         return out
@@ -296,11 +304,14 @@ class HeadAblator:
         self.lm = lm
         self.ablation = ablation
         self.masks: torch.Tensor | None = None  # [rows, n_layers, n_heads]
+        self.scales: torch.Tensor | None = None  # [rows]: per-row scale factors (scale ablation with alphas)
         self.layer_active: list[bool] = [False] * lm.n_layers
         self.hooks = None
 
-    def set_masks(self, masks: torch.Tensor | None) -> None:
-        self.masks = masks
+    def set_masks(self, masks: torch.Tensor | None, scales: torch.Tensor | None = None) -> None:
+        """``masks [rows or 1, n_layers, n_heads]``; ``scales [rows]``: scale ablation's factor per row (the
+        ablation's ``alphas`` laid out like the rows), else the ablation's own replacement."""
+        self.masks, self.scales = masks, scales
         if masks is None:
             self.layer_active = [False] * self.lm.n_layers
         else:
@@ -317,6 +328,10 @@ class HeadAblator:
             if m.shape[0] not in (1, b):
                 raise RuntimeError(f"head mask has {m.shape[0]} rows for a batch of {b}")
             m = m.to(z.device)[:, None, :, None]  # [rows, 1, head, 1]
+            if self.ablation.alphas and self.scales is None:
+                raise CELError("per-set scale factors need the engine (evaluate_head_sets), not one head set")
+            if self.scales is not None:         # [rows] -> [rows, 1, 1, 1]
+                return torch.where(m, z * self.scales.to(z)[:, None, None, None], z)
             return torch.where(m, self.ablation.replacement(z, layer), z)
 
         return fn

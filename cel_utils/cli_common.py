@@ -138,7 +138,7 @@ def add_verdict(sub) -> None:
                     help="simulations of the whole pipeline's power (0: skip)")
     sp.add_argument("--items", default=None, metavar="CSV",
                     help="also write the confirm and held-out per-item outcomes here (what cel stats reads)")
-    sp.add_argument("--rank-dtype", choices=["float32", "bfloat16"], default="float32",
+    sp.add_argument("--rank-dtype", choices=["float32", "bfloat16", "auto"], default="float32",
                     help="dtype of the search screen, which only ranks (chapter 1a: bfloat16); confirm and held-out "
                         "stay float32")
 

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from . import cache, hooks
 from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
+from .errors import CELError
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, encode_task, logits_at, read_stats
 
 
@@ -288,6 +289,19 @@ def _plan(lm, enc, head_sets, max_tokens, P):
     return batches, plan, groups.get(-1, [])
 
 
+def set_factors(ablation: Ablation, n_sets: int) -> torch.Tensor | None:
+    """A scale ablation's factor per head set (its ``alphas``) as a tensor ``[n_sets]``; None without them.
+
+        >>> set_factors(Ablation("scale", alphas=(1.0, 0.5)), 2).tolist(), set_factors(Ablation.of("zero"), 3)
+        ([1.0, 0.5], None)
+    """
+    if not ablation.alphas:
+        return None
+    if len(ablation.alphas) != n_sets:
+        raise CELError(f"{len(ablation.alphas)} scale factors for {n_sets} head sets")
+    return torch.tensor(ablation.alphas, dtype=torch.float32)
+
+
 @torch.no_grad()
 def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max_tokens, progress, desc,
                         share_prefix) -> tuple[np.ndarray, np.ndarray]:
@@ -295,6 +309,7 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     every head set."""
     S = len(head_sets)
     masks = row_masks(lm, head_sets)  # [S, n_layers, n_heads]
+    factors = set_factors(ablation, S)  # [S] or None
     lp_out = np.zeros((S, enc.n_reads), dtype=np.float64)
     gap_out = np.zeros((S, enc.n_reads), dtype=np.float64)
     prefix = common_prefix(enc) if share_prefix else []
@@ -307,14 +322,14 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
     ablator = HeadAblator(lm, ablation).attach()
     pre = PrefixKV(lm, base, torch.tensor([prefix], dtype=torch.long, device=dev)) if P else None
 
-    def run(b: ReadBatch, k, prefix_masks, body_masks, start=0, residual=None):
-        """Forward k head sets x B sequences (rows are [set, sequence]), the body pass from layer ``start``;
-        returns the last hidden states ``[k*B, pos, d_model]``. The shared prefix runs from ``start`` too."""
+    def run(b: ReadBatch, k, prefix_masks, body_masks, start=0, residual=None, scales=None):
+        """Forward k head sets x B sequences (rows are [set, sequence]) from layer ``start`` (the shared prefix
+        too), ``scales [k]`` their factors; returns the last hidden states ``[k*B, pos, d_model]``."""
         ids, att, kw = b.ids.repeat(k, 1), b.att.repeat(k, 1), {"use_cache": False}
         if P:
-            ablator.set_masks(prefix_masks)
+            ablator.set_masks(prefix_masks, scales)
             att, kw = pre.kwargs(ids, att, k, len(b.ids), None if prefix_masks is None else start)
-        ablator.set_masks(body_masks)
+        ablator.set_masks(body_masks, None if scales is None else scales.repeat_interleave(len(b.ids)))
         STATS["forwards"] += 1
         with hooks.skip_layers_below(lm, start, residual):
             return base(input_ids=ids, attention_mask=att, **kw).last_hidden_state
@@ -338,7 +353,8 @@ def _read_stats_per_set(lm, enc: EncodedTask, head_sets, ablation: Ablation, max
             for l, ss in forwards:
                 k = len(ss)
                 hidden = run(b, k, masks[ss], masks[ss].repeat_interleave(len(seqs), dim=0), start=l,
-                             residual=residuals[l].repeat(k, 1, 1) if l > 0 else None)
+                             residual=residuals[l].repeat(k, 1, 1) if l > 0 else None,
+                             scales=None if factors is None else factors[ss])
                 lp, gap = score(b, hidden, k)
                 for j, s in enumerate(ss):
                     lp_out[s, b.reads], gap_out[s, b.reads] = lp[j], gap[j]

@@ -242,3 +242,23 @@ def test_recall_at_budget_against_separate_screens(lm):
     assert t.recall.iloc[0] == pytest.approx(want)
     assert (t.ci_low <= t.ci_high).all() and ((t.recall >= 0) & (t.recall <= 1)).all()
     assert t.forward_equivalents.iloc[1] <= 8.0 * 1.5                 # compressed: about its budget
+
+
+@pytest.mark.parametrize("task", ["addition", "agreement"])   # a shared few-shot prefix, and none
+def test_per_set_scale_factors_equal_one_call_per_factor(lm, task):
+    """The engine with one scale factor per head set (one batched call, the shared prefix scaled per set) gives
+    each set what a separate call with that factor gives, and the hooks of one prompt at a time give too."""
+    enc = encode_task(lm, load_task(task, "search", n=10))
+    heads = [(0, 1), (1, 2)]
+    doses = (0.0, 0.5, 2.0, -0.5)
+    both = evaluate_head_sets(lm, enc, [[]] + [heads] * len(doses), mode=Ablation("scale", alphas=(1.0, *doses)),
+                              progress=False, result_cache=False)
+    for j, a in enumerate(doses):
+        one = evaluate_head_sets(lm, enc, [heads], mode=Ablation.of("scale", alpha=a), progress=False,
+                                 result_cache=False)
+        np.testing.assert_allclose(both.margin[j + 1], one.margin[0], atol=1e-5)
+    if task == "agreement":                                       # multiple choice: scored by hand too
+        np.testing.assert_array_equal(both.correct[1], _hand_correct(lm, load_task(task, "search", n=10), heads))
+    with pytest.raises(Exception, match="scale factors"):
+        evaluate_head_sets(lm, enc, [heads], mode=Ablation("scale", alphas=(1.0, 2.0)), progress=False,
+                           result_cache=False)
