@@ -187,14 +187,13 @@ def choose_boost(lm, enc, sets, alphas=BOOST_ALPHAS) -> tuple[float, pd.DataFram
     """The dose above 1 for boosting ``sets`` (each scaled by alpha) chosen on ``enc`` (the search split): the
     largest mean gain in accuracy over the sets (ties: margin, then the smaller alpha). Returns it and the table
     (``alpha``, ``heads``, ``search_delta_accuracy``, ``search_delta_margin``)."""
-    base = evaluate_head_sets(lm, enc, [[]], progress=False)
-    rows = []
-    for a in alphas:
-        res = evaluate_head_sets(lm, enc, [list(x) for x in sets], mode=Ablation.of("scale", alpha=a), progress=False)
-        for j, x in enumerate(sets):
-            rows.append({"alpha": a, "heads": format_set(x),
-                         "search_delta_accuracy": float(res.correct[j].mean() - base.correct[0].mean()),
-                         "search_delta_margin": float(res.margin[j].mean() - base.margin[0].mean())})
+    grid = [(a, x) for a in alphas for x in sets]          # one engine call: each (dose, set) its own factor
+    res = evaluate_head_sets(lm, enc, [[]] + [list(x) for _, x in grid],
+                             mode=Ablation("scale", alphas=(1.0, *(float(a) for a, _ in grid))), progress=False)
+    rows = [{"alpha": a, "heads": format_set(x),
+             "search_delta_accuracy": float(res.correct[j + 1].mean() - res.correct[0].mean()),
+             "search_delta_margin": float(res.margin[j + 1].mean() - res.margin[0].mean())}
+            for j, (a, x) in enumerate(grid)]
     t = pd.DataFrame(rows)
     m = t.groupby("alpha")[["search_delta_accuracy", "search_delta_margin"]].mean().reset_index()
     best = m.sort_values(["search_delta_accuracy", "search_delta_margin", "alpha"],

@@ -276,7 +276,7 @@ def test_joint_search_records(staged):
         assert n_runs == 2 and len(gates["gates"]["gates"]["loss_curve"]) == 2 * n_runs  # 2 steps per run in CI
         assert len(gates["gates"]["sets"]) == 2
         # the section ran on the model cast to selector_dtype, and the record says which
-        assert gs["dtype"] is None and r["parameters"]["selector_dtype"] == "float32"   # the default (see 1b)
+        assert gs["dtype"] is None and r["parameters"]["selector_dtype"] == "auto"   # the default (see 1b)
         # every selector went through the pipeline; its choice sits among the random selector's (the control)
         for s in summary:
             assert s["chosen"] is None or 0 <= s["control_percentile"] <= 100
