@@ -158,13 +158,15 @@ def direct_ranking(lm, task) -> pd.DataFrame:
 
 
 def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm: int = 1000, seed: int = 0,
-                     static_correct: np.ndarray | None = None) -> dict:
+                     static_correct: np.ndarray | None = None, strata: np.ndarray | None = None) -> dict:
     """The oracle share of wrong items some single-head removal fixes, and its null.
 
     ``base_correct [n]``: the intact model; ``head_correct [heads, n]``: each head removed alone. The null keeps
-    every head's number of fixes and permutes which wrong items they fall on (independently per head), so it is
-    the oracle's value if the item-head link carried nothing. ``static_correct [n]``: one fixed set removed on all
-    items, for comparison (the share of wrong items it fixes).
+    every head's number of fixes and permutes which wrong items they fall on (independently per head; within each
+    ``strata [n]`` label when given, e.g. bins of the intact margin, so that items near the decision boundary, which
+    any head flips more easily, are only exchanged with each other), so it is the oracle's value if the link between
+    item and head carried nothing beyond that. ``static_correct [n]``: one fixed set removed on all items, for
+    comparison (the share of wrong items it fixes).
     """
     wrong = ~np.asarray(base_correct, bool)
     fixes = np.asarray(head_correct, bool)[:, wrong]                 # [heads, wrong items]
@@ -174,7 +176,14 @@ def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm:
                 "null_high": float("nan"), "gap": float("nan"), "p_value": float("nan"), "static": float("nan")}
     oracle = float(fixes.any(axis=0).mean())
     rng = np.random.default_rng(seed)
-    null = np.array([rng.permuted(fixes, axis=1).any(axis=0).mean() for _ in range(n_perm)])
+    groups = [np.arange(n)] if strata is None else \
+        [np.flatnonzero(np.asarray(strata)[wrong] == g) for g in np.unique(np.asarray(strata)[wrong])]
+    null = np.empty(n_perm)
+    for i in range(n_perm):
+        perm = fixes.copy()
+        for idx in groups:                                         # permute within each stratum, per head
+            perm[:, idx] = rng.permuted(fixes[:, idx], axis=1)
+        null[i] = perm.any(axis=0).mean()
     static = float(np.asarray(static_correct, bool)[wrong].mean()) if static_correct is not None else float("nan")
     return {"wrong_items": n, "oracle": oracle, "null_mean": float(null.mean()),
             "fixes_per_head": fixes.sum(axis=1).astype(int).tolist(),
@@ -249,7 +258,9 @@ def ceiling(lm, task, static_heads, n_wrong: int = 32, n_perm: int = 2000, seed:
                 "heads": 0}
     sc = screen(lm, sub, progress=progress)                                  # results.correct: [heads, n_wrong]
     static = evaluate_head_sets(lm, encode_task(lm, sub), [list(static_heads)], progress=False).correct[0]
-    out = per_item_ceiling(sc.baseline.correct[0], sc.results.correct, n_perm, seed, static)
+    margin = sc.baseline.margin[0]                                           # items of like margin exchanged
+    bins = np.searchsorted(np.quantile(margin, [0.25, 0.5, 0.75]), margin) if len(margin) >= 8 else None
+    out = per_item_ceiling(sc.baseline.correct[0], sc.results.correct, n_perm, seed, static, strata=bins)
     return {**out, "items_read": len(task.items), "heads": len(sc.heads)}
 
 

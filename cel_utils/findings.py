@@ -131,7 +131,8 @@ def remove_scale_boost(rec: Records) -> list[str]:
     if len(dose):
         removal = int((dose.chosen_alpha == 0).sum())
         better = dose[(dose.chosen_alpha != 0) & (dose.p_value < 0.05) & (dose.best_minus_removal > 0)]
-        lines.append(f"- **Dose.** Of {len(dose)} dose curves (chapter 2's sets and their heads alone), the choose "
+        lines.append(f"- **Dose.** Of {len(dose)} dose curves (chapter 2's chosen sets; their heads alone where "
+                     f"traced), the choose "
                      f"items pick removal (alpha = 0) for {removal}; another dose beats removal on the graded items "
                      f"(McNemar p < 0.05) for {len(better)}"
                      + (": " + ", ".join(f"{x.model} {x.heads} at alpha = {x.chosen_alpha:g} "
@@ -159,7 +160,8 @@ def remove_scale_boost(rec: Records) -> list[str]:
     if len(ceil):
         lines.append("- **Per-item ceiling.** " + "; ".join(
             f"{x.model}: some single head fixes {x.oracle:.0%} of {x.wrong_items} wrong items, {x.null_mean:.0%} "
-            f"under the null, so per-item choice could add at most {x.gap:+.0%} (chapter 2's set: {x.static:.0%})"
+            f"under the null (items exchanged within quarters of the intact margin), so per-item choice could add "
+            f"{f'at most {x.gap:+.0%}' if x.gap > 0 else 'nothing measurable'} (chapter 2's set: {x.static:.0%})"
             for x in ceil.itertuples()) + ".")
     return lines
 

@@ -262,3 +262,18 @@ def test_per_set_scale_factors_equal_one_call_per_factor(lm, task):
     with pytest.raises(Exception, match="scale factors"):
         evaluate_head_sets(lm, enc, [heads], mode=Ablation("scale", alphas=(1.0, 2.0)), progress=False,
                            result_cache=False)
+
+
+def test_ceiling_null_within_strata_keeps_what_only_the_items_difficulty_explains():
+    """Fixes that depend only on the item (the items nearest the boundary are flipped by many heads, the others by
+    none) put the oracle far below a null that exchanges all items; exchanging items only within their stratum
+    (their margin bin) gives a null equal to the oracle: no head-item link beyond difficulty."""
+    rng = np.random.default_rng(4)
+    easy = np.zeros(40, bool)
+    easy[:10] = True
+    fixes = (rng.random((30, 40)) < 0.5) & easy                     # only the 10 easy items are ever fixed
+    base = np.zeros(40, bool)
+    flat = dose.per_item_ceiling(base, fixes, n_perm=300, seed=1)
+    strat = dose.per_item_ceiling(base, fixes, n_perm=300, seed=1, strata=easy.astype(int))
+    assert flat["oracle"] == 0.25 and flat["gap"] < -0.3
+    assert strat["null_mean"] == pytest.approx(0.25, abs=0.01) and abs(strat["gap"]) < 0.01
