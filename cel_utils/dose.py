@@ -38,7 +38,6 @@ from .design import Design
 from .engine import evaluate_head_sets
 from .pipeline import Run, run
 from .scoring import encode_task
-from .tasks import load_task
 from .screening import screen
 from .selectors import REGISTRY, Context, Offer, Selector, pipeline_run, ranked_sets, register
 from .stats import mcnemar_exact, paired_bootstrap
@@ -262,22 +261,6 @@ def ceiling(lm, task, static_heads, n_wrong: int = 32, n_perm: int = 2000, seed:
     bins = np.searchsorted(np.quantile(margin, [0.25, 0.5, 0.75]), margin) if len(margin) >= 8 else None
     out = per_item_ceiling(sc.baseline.correct[0], sc.results.correct, n_perm, seed, static, strata=bins)
     return {**out, "items_read": len(task.items), "heads": len(sc.heads)}
-
-
-def tail(task_name: str, split: str, start: int, n: int, seed: int = 0):
-    """Items ``start .. start + n - 1`` of a built-in task's ``split`` (fewer when it ends first): the items an
-    earlier chapter left unused (chapter 2 chose and graded its sets on the first ones of confirm and held-out).
-
-        >>> t = tail("addition", "confirm", 200, 5)
-        >>> len(t.items), t.items[0] == load_task("addition", "confirm").items[200]
-        (5, True)
-    """
-    from .errors import CELError
-
-    full = load_task(task_name, split, seed=seed)
-    if start >= len(full.items):
-        raise CELError(f"task {task_name!r}: its {split} split has {len(full.items)} items, none after {start}")
-    return replace(full, items=full.items[start:start + n])
 
 
 def recall_ci(per_item: np.ndarray, chosen: dict, k: int, n_boot: int = 1000, seed: int = 0) -> dict:

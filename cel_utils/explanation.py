@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from html import escape
 
 import numpy as np
@@ -34,10 +34,9 @@ import pandas as pd
 from .ablation import Head, head_name
 from .attention import (SINK, attention, attention_rows, mean_attention, slot_label, slot_order, slot_token, slot_words,
                         slots)
-from .errors import CELError
 from .mechanism import (TOP_TOKENS, Explanation, Reads, Trace, choose_reads, explain, mediators, token_text, top_tokens,
                         trace)
-from .tasks import load_task
+from .tasks import load_task, split_tail
 
 N_MEDIATORS = 5
 
@@ -123,12 +122,7 @@ def unused_heldout(task_name: str, start: int, n: int, seed: int = 0):
         >>> len(t.items), t.items[0] == load_task("addition", "heldout").items[200]
         (100, True)
     """
-    held = load_task(task_name, "heldout", seed=seed)
-    items = held.items[start:start + n]
-    if not items:
-        raise CELError(f"task {task_name!r}: its held-out split has {len(held.items)} items, none after the first "
-                       f"{start} (the ones already used)")
-    return replace(held, items=items)
+    return split_tail(task_name, "heldout", start, n, seed)
 
 
 def profile(lm, task, head: Head, control: Head | None = None, reads: Reads | None = None, tr: Trace | None = None,

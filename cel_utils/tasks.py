@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import CELError
@@ -248,3 +248,20 @@ def validate_item(obj, where: str) -> str:
 def list_tasks() -> list[dict]:
     return [{"name": t.name, "kind": t.kind, "metric": METRICS[t.kind], "description": t.description,
              "family": t.family or t.name, "knob": t.knob} for t in BUILTIN_TASKS.values()]
+
+
+def split_tail(name: str, split: str, start: int, n: int, seed: int = 0) -> Task:
+    """Items ``start .. start + n - 1`` of a built-in task's ``split`` (fewer when it ends first): the items an
+    earlier chapter left unused (chapter 2a explains heads after chapter 1a's held-out items; chapter 2b doses sets
+    after chapter 2's confirm and held-out items).
+
+        >>> t = split_tail("addition", "confirm", 200, 5)
+        >>> len(t.items), t.items[0] == load_task("addition", "confirm").items[200]
+        (5, True)
+    """
+    full = load_task(name, split, seed=seed)
+    if start >= len(full.items):
+        raise CELError(f"task {name!r}: its {split} split has {len(full.items)} items, none after the first "
+                       f"{start} (the ones already used)")
+    return replace(full, items=full.items[start:start + n])
+
