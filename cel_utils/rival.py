@@ -29,7 +29,7 @@ import torch
 from scipy.stats import binomtest
 
 from .defaults import THEORY_EFFECT
-from .theory import DEFAULT, Params, Run, Setup, descend, init_params
+from .theory import DEFAULT, Run, Setup, descend, stacked_params
 
 NO_CONFLICT = Setup(rho_a=(0.8, 0.0, 0.0, 0.0), rho_b=(0.0, 0.4, 0.0, 0.0))   # C carries nothing for either task
 SETTINGS = {"conflict": DEFAULT, "no conflict": NO_CONFLICT}
@@ -44,9 +44,8 @@ def train_variant(variant: str, n_heads: int = 4, sigma: float = 1e-4, seeds=ran
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
     seeds = list(seeds)
-    parts = [init_params(1, n_heads, float(sigma), seed=int(s)) for s in seeds]
-    P = Params(*(torch.cat([getattr(q, f) for q in parts]).detach() for f in ("a", "b", "theta")),
-               attention="softmax1" if variant == "softmax1" else "softmax")
+    P = stacked_params(n_heads, [sigma] * len(seeds), seeds)
+    P.attention = "softmax1" if variant == "softmax1" else "softmax"
     names = ["a", "theta", "b"]
     if variant == "gated":
         P.gate = torch.zeros(len(seeds), n_heads, dtype=torch.float64)

@@ -182,6 +182,14 @@ def init_params(runs: int, n_heads: int, sigma: float | torch.Tensor, seed: int 
     return Params(a, b, theta, q, k)
 
 
+def stacked_params(n_heads: int, sigmas, seeds, **init) -> Params:
+    """One :class:`Params` over runs, each run drawn by its own generator (:func:`init_params` with one run per
+    (sigma, seed) pair), so that a run does not depend on what else is in the batch."""
+    parts = [init_params(1, n_heads, float(s), seed=int(sd), **init) for s, sd in zip(sigmas, seeds)]
+    return Params(*(torch.cat([getattr(q, f) for q in parts]).detach() if getattr(parts[0], f) is not None else None
+                    for f in ("a", "b", "theta", "q", "k")))
+
+
 def effective_weights(p: Params, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``W [runs, type]`` and the per-head parts ``W_h [runs, head, type]``."""
     Wh = p.weights(counts)   # [runs, head, type]
@@ -311,11 +319,7 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
     seeds = list(seeds)
     sig = np.repeat(sig_list, len(seeds))
     run_seeds = seeds * len(sig_list)
-    # one generator per run so that a run does not depend on what else is in the batch
-    parts = [init_params(1, n_heads, float(s), seed=int(sd), value=value, qk=qk, qk_scale=qk_scale)
-             for s, sd in zip(sig, run_seeds)]
-    P = Params(*(torch.cat([getattr(q, f) for q in parts]).detach() if getattr(parts[0], f) is not None else None
-                 for f in ("a", "b", "theta", "q", "k")))
+    P = stacked_params(n_heads, sig, run_seeds, value=value, qk=qk, qk_scale=qk_scale)
     names = ["a", "theta"] + (["b"] if value == "factored" else [])
     if qk == "factored":
         names = ["a", "q", "k"] + (["b"] if value == "factored" else [])
