@@ -32,7 +32,8 @@ from .tasks import Task, load_task
 
 # the control task of each task: the same answer format, another computation (specificity)
 CONTROL_TASKS = {"addition": "subtraction", "subtraction": "addition", "agreement_rc": "agreement",
-                 "agreement": "agreement_rc", "comparison": "addition", "ioi": "agreement"}
+                 "agreement": "agreement_rc", "comparison": "addition", "ioi": "agreement", "toy_a": "toy_b",
+                 "toy_b": "toy_a"}
 
 
 @dataclass(frozen=True)

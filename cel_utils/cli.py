@@ -18,6 +18,8 @@
     cel calibrate --model M [--tasks variants|T1,T2,...] [--n N] [--band LOW,HIGH] [--per-model K] [--out F]
     cel explain --model M --task T --head L13H0 [--split S] [--n N] [--seed S] [--out F]
     cel theory [--heads H] [--sigma S] [--seed N] [--steps T] [--attention softmax|softmax1|gated] [--out F]
+    cel toy-train [--attention softmax|softmax1] [--seeds N] [--scale S[,S...]] [--steps T] [--verdict]
+               [--export DIR] [--out F]
     cel exercises list
     cel exercises check NOTEBOOK
 
@@ -227,6 +229,38 @@ def cmd_theory(args):
     emit(out, args.out)
 
 
+def cmd_toy_train(args):
+    """Chapter 3a's trained transformer (:mod:`cel_utils.toynet`): every run's best removal and its kind, the cells,
+    the formation over checkpoints; with ``--verdict`` the book's pipeline on every run; ``--export`` writes every
+    run as a model folder that ``--model`` accepts."""
+    from pathlib import Path
+
+    from . import toynet
+
+    check_out(args.out)
+    try:
+        scales = tuple(float(x) for x in args.scale.split(","))
+    except ValueError:
+        raise CELError(f"--scale must be numbers separated by commas, got {args.scale!r}") from None
+    if not scales or min(scales) <= 0:
+        raise CELError("--scale must be positive")
+    if args.seeds < 1 or args.steps < 1:
+        raise CELError("--seeds and --steps must be at least 1")
+    if args.export and Path(args.export).exists() and not Path(args.export).is_dir():
+        raise CELError(f"--export {args.export!r} exists and is not a folder")
+    tr = toynet.train(args.attention, seeds=range(args.seeds), scales=scales, steps=args.steps, progress=False)
+    runs = toynet.outcomes(tr)
+    out = {"attention": args.attention, "seeds": args.seeds, "scales": list(scales), "steps": args.steps,
+           "cells": toynet.cells(runs).to_dict("records"), "runs": runs.to_dict("records"),
+           "formation": toynet.formation(tr).to_dict("records")}
+    if args.verdict:
+        v = toynet.verdicts(tr, progress=False)
+        out.update(verdicts=v.to_dict("records"), localized=toynet.localized(v).to_dict("records"))
+    if args.export:
+        out["folders"] = [toynet.export(tr, i, Path(args.export) / tr.model(i).name) for i in range(len(tr.seeds))]
+    emit(out, args.out)
+
+
 def cmd_calibrate(args):
     """Each candidate task's unablated accuracy on its search split (nothing else is read), kept when it lies in
     the band; the picked tasks per model (:mod:`cel_utils.calibration`)."""
@@ -279,7 +313,7 @@ def cmd_lm_eval(args):
 COMMANDS = {"lm-eval": cmd_lm_eval, "models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
             "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate, "stats": cmd_stats,
             "explain": cmd_explain,
-            "theory": cmd_theory, "exercises": cmd_exercises}
+            "theory": cmd_theory, "toy-train": cmd_toy_train, "exercises": cmd_exercises}
 
 
 def main(argv=None) -> int:

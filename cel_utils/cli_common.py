@@ -189,6 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the heads: softmax (chapter 3), softmax1 (can attend to nothing) or gated (a learned output "
                         "gate per head; chapter 3a)")
     t.add_argument("--out", default=None)
+    tt = sub.add_parser("toy-train", help="train chapter 3a's one-layer attention-only transformer on the toy's data "
+                                          "as tokens, and (--verdict) run the book's pipeline on every run")
+    tt.add_argument("--attention", default="softmax", choices=["softmax", "softmax1"],
+                    help="softmax, or softmax1 (a null token with a zero embedding first: heads can attend to nothing)")
+    tt.add_argument("--seeds", type=int, default=20, help="runs per initial scale")
+    tt.add_argument("--scale", default="1.0", help="initial scale(s) of the weights, comma-separated")
+    tt.add_argument("--steps", type=int, default=600)
+    tt.add_argument("--verdict", action="store_true", help="the verdict pipeline on toy_a for every run")
+    tt.add_argument("--export", default=None, metavar="DIR", help="write every run as a local model folder in DIR")
+    tt.add_argument("--out", default=None)
     le = sub.add_parser("lm-eval", add_help=False,
                         help="lm-evaluation-harness's command line with the model type `cel` (heads removed)")
     le.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm_eval's own arguments")

@@ -72,6 +72,12 @@ CONSTANT_STEPS = 5      # gradient rounds of the best-constant ablation (fit on 
 
 # Chapter 3's toy model: a change in task A's population loss smaller than this (in magnitude) is "no effect"
 THEORY_EFFECT = 0.01
+# Chapter 3's data: each task's correlation of a token's sign with the answer, per token type (A, B, C, D), and
+# the distractors (type D) per sequence; the toy (cel_utils.theory.Setup) and its tokens (tasks toy_a, toy_b)
+TOY_RHO = {"toy_a": (0.8, 0.0, 0.5, 0.0), "toy_b": (0.0, 0.4, -0.8, 0.0)}
+TOY_DISTRACTORS = 15
+# Chapter 3a's trained transformer: a change in accuracy on its evaluation sequences smaller than this is "no effect"
+TOYNET_EFFECT = 0.02
 
 # Approximate screens
 GRADIENT_FORWARD_EQUIVALENTS = 3.0  # one forward and one backward (a backward costs about two forwards)

@@ -185,4 +185,17 @@ def conflict_or_noise(rec: Records) -> list[str]:
         noise += (f". In the real models, {len(opp)} of {len(sig)} task pairs have more heads moving the tasks "
                   f"oppositely than random head pairs, {len(same)} more moving them alike (Holm p < 0.05; "
                   f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f})")
-    return lines + [noise + "."]
+    lines.append(noise + ".")
+    net = r.get("network") or {}
+    if net.get("predictions"):
+        loc, pn = pd.DataFrame(net["localized"]), pd.DataFrame(net["predictions"])
+        labels = pd.Series([b["label"] for b in net.get("batteries", [])]).value_counts()
+        lines.append(f"- **A trained transformer** (one layer, four heads, attention only, {int(loc.runs.sum())} runs on "
+                     f"the toy's data as tokens): the book's pipeline localizes {int(loc.localized.sum())} runs, and "
+                     f"toy_b falls (exact McNemar) when the chosen head of {int(loc.two_sided.sum())} of them is removed; "
+                     "conflict's prediction is " + ", ".join(f"{q.conflict} at initial scale {q.scale:g}"
+                                                             for q in pn.itertuples())
+                     + ", noise's " + ", ".join(f"{q.noise}" for q in pn.itertuples())
+                     + (f"; the battery labels " + ", ".join(f"{n} {k}" for k, n in labels.items()) if len(labels)
+                        else "") + ".")
+    return lines

@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Callable
 
 from .errors import CELError
-from .generators import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES, review
+from .generators import NOUNS_SG_PL, OBJECTS_SG_PL, PREDICATES, review, toy_text
 from .tasks import Task
 from .variants import VARIANTS
 
@@ -232,6 +232,33 @@ FORMATS: dict[str, list[Format]] = {
                            "Which is larger, {a} or {b}? Answer:")),
     ],
 }
+
+
+def _toy(order: Callable[[dict, list[int]], list[int]]):
+    """A format of chapter 3's token tasks: the same tokens (types and signs) in another order."""
+    def render(it: dict) -> dict:
+        f = it["fields"]
+        idx = order(it, list(range(len(f["types"]))))
+        types, signs = [f["types"][i] for i in idx], [f["signs"][i] for i in idx]
+        return dict(it, prompt=toy_text(types, signs), fields={"types": types, "signs": signs})
+    return render
+
+
+def _reshuffled(seed: str):
+    return lambda it, idx: random.Random(f"{seed}:{it['key']}").sample(idx, len(idx))
+
+
+TOY_FORMATS = [
+    Format("default", "the sequence as generated", lambda it: it),
+    Format("reshuffled (1)", "the same tokens in another random order", _toy(_reshuffled("order-1"))),
+    Format("reshuffled (2)", "the same tokens in a third random order", _toy(_reshuffled("order-2"))),
+    Format("reversed", "the same tokens in reverse order", _toy(lambda it, idx: idx[::-1])),
+    Format("signals first", "A, B and C first, then the distractors",
+           _toy(lambda it, idx: sorted(idx, key=lambda i: it["fields"]["types"][i] == 3))),
+    Format("signals last", "the distractors first, then A, B and C",
+           _toy(lambda it, idx: sorted(idx, key=lambda i: it["fields"]["types"][i] != 3))),
+]
+FORMATS.update({"toy_a": TOY_FORMATS, "toy_b": TOY_FORMATS})
 
 
 def _variant_formats(spec) -> list[Format] | None:

@@ -19,6 +19,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Callable
 
+from .defaults import TOY_DISTRACTORS, TOY_RHO
+
 
 # --------------------------------------------------------------------------------------------
 # Word lists (package data, cel_utils/data/tasks.json) and generators: each generator returns the pool of items
@@ -241,6 +243,37 @@ def gen_sentiment(rng: random.Random):
     return pool
 
 
+def toy_text(types: list[int], signs: list[int]) -> str:
+    """Chapter 3's sequence as characters: type 0-3 as A-D, upper case for sign +1, then the query ``?``.
+
+    Example:
+        >>> toy_text([2, 0, 3], [1, -1, -1])
+        'Cad?'
+    """
+    return "".join("ABCD"[t] if s > 0 else "abcd"[t] for t, s in zip(types, signs)) + "?"
+
+
+def gen_toy(task: str) -> Callable:
+    """Chapter 3's data for one task as text (chapter 3a's trained transformer): the signal tokens A, B and C and
+    the distractors D shuffled, each token's sign agreeing with the answer with probability (1 + rho) / 2 (its
+    type's correlation :data:`cel_utils.defaults.TOY_RHO`), the answer ``+`` or ``-``."""
+    rho = TOY_RHO[task]
+
+    def gen(rng: random.Random):
+        pool = []
+        for _ in range(3000):
+            y = 1 if rng.random() < 0.5 else -1
+            types = [0, 1, 2] + [3] * TOY_DISTRACTORS
+            rng.shuffle(types)
+            signs = [y if rng.random() < (1 + rho[t]) / 2 else -y for t in types]
+            prompt = toy_text(types, signs)
+            pool.append(mc_item(prompt, ["+", "-"], 0 if y > 0 else 1, key=prompt, label="plus" if y > 0 else "minus",
+                                fields={"types": types, "signs": signs}))
+        return pool
+
+    return gen
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """A built-in task: its generator, and (for a difficulty variant) the family it belongs to and the knob it
@@ -273,6 +306,10 @@ BASE_TASKS: dict[str, TaskSpec] = {t.name: t for t in [
     TaskSpec("sentiment", "mc", gen_sentiment, "movie-review sentiment, 4-shot", ("positive", "negative")),
     TaskSpec("capitals_em", "em", as_exact_match(gen_capitals), "country -> capital, 3-shot, exact match"),
     TaskSpec("antonyms_em", "em", as_exact_match(gen_antonyms), "word -> antonym, 4-shot, exact match"),
+    TaskSpec("toy_a", "mc", gen_toy("toy_a"), "chapter 3's task A as tokens (signal A, conflicting feature C)",
+             ("plus", "minus")),
+    TaskSpec("toy_b", "mc", gen_toy("toy_b"), "chapter 3's task B as tokens (signal B, conflicting feature C)",
+             ("plus", "minus")),
 ]}
 METRICS = {"mc": "accuracy: the answer choice has the highest summed log-prob",
            "em": "exact match: every target token is top-1 under teacher forcing, and the answer stops there"}

@@ -131,12 +131,13 @@ def predictions(table: pd.DataFrame) -> pd.DataFrame:
         conflict = [reading(g.loc[v, "two_sided_low"], g.loc[v, "two_sided_high"]) for v in VARIANTS]
         noise = [reading(g.loc["softmax", "one_sided_low"], g.loc["softmax", "one_sided_high"])] + [
             reading(g.loc[v, "one_sided_low"], g.loc[v, "one_sided_high"], want_high=False) for v in VARIANTS[1:]]
-        rows.append({"setting": setting, "sigma": sigma, "conflict": _all(conflict), "noise": _all(noise),
+        rows.append({"setting": setting, "sigma": sigma, "conflict": combine(conflict), "noise": combine(noise),
                      "conflict_parts": ", ".join(conflict), "noise_parts": ", ".join(noise)})
     return pd.DataFrame(rows)
 
 
-def _all(parts: list[str]) -> str:
+def combine(parts: list[str]) -> str:
+    """All parts met: ``met``; any not met: ``not met``; else ``cannot tell``."""
     return "met" if all(p == "met" for p in parts) else "not met" if "not met" in parts else "cannot tell"
 
 

@@ -29,16 +29,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .defaults import THEORY_EFFECT, progress_enabled
+from .defaults import THEORY_EFFECT, TOY_DISTRACTORS, TOY_RHO, progress_enabled
 
 
 @dataclass(frozen=True)
 class Setup:
     """Task correlations per token type (A, B, C, D) and the number of distractors."""
 
-    rho_a: tuple = (0.8, 0.0, 0.5, 0.0)
-    rho_b: tuple = (0.0, 0.4, -0.8, 0.0)
-    m: int = 15
+    rho_a: tuple = TOY_RHO["toy_a"]
+    rho_b: tuple = TOY_RHO["toy_b"]
+    m: int = TOY_DISTRACTORS
 
     @property
     def counts(self) -> np.ndarray:

@@ -207,3 +207,24 @@ def rival_bars(table: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_yaxes(title_text="share of runs", range=[0, 1.05], row=1, col=1)
     fig.update_layout(title=title, barmode="group", height=420, legend=dict(orientation="h", y=-0.25))
     return fig
+
+
+def formation_lines(formation: pd.DataFrame, title: str | None = None) -> go.Figure:
+    """Chapter 3a's trained transformer: over training steps, the mean gain in task A's accuracy from the best
+    single-head removal (left) and the share of runs where that removal is a two-sided trade-off (right), one line
+    per attention and initial scale."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["best removal's gain on toy_a", "two-sided trade-offs"])
+    for j, ((att, sc), g) in enumerate(formation.groupby(["attention", "scale"], sort=False)):
+        name = f"{att}, scale {sc:g}"
+        dash = "solid" if att == "softmax" else "dash"
+        for col, y in ((1, "gain_a"), (2, "two_sided")):
+            fig.add_scatter(x=g["step"], y=g[y], mode="lines+markers", name=name, legendgroup=name,
+                            showlegend=col == 1, line=dict(dash=dash), marker=dict(size=4),
+                            hovertemplate="step %{x}: %{y:.3f}<extra>" + name + "</extra>", row=1, col=col)
+    fig.update_xaxes(title_text="training step")
+    fig.update_yaxes(title_text="accuracy gain", row=1, col=1)
+    fig.update_yaxes(title_text="share of runs", range=[0, 1.05], row=1, col=2)
+    fig.update_layout(title=title, height=420, legend=dict(orientation="h", y=-0.3))
+    return fig

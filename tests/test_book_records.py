@@ -515,3 +515,25 @@ def test_conflict_or_noise_chapter_records(staged):
         assert q["conflict_parts"] == ", ".join(parts)
     for s in rec["signature"]:
         assert 0 < s["p_more_opposite"] <= 1 and 0 < s["p_more_same"] <= 1 and s["null_low"] <= s["null_high"]
+    net = rec["network"]
+    runs, v = pd.DataFrame(net["runs"]), pd.DataFrame(net["verdicts"])
+    assert len(runs) == len(v) == 2 * 2 * p["net_seeds"]             # two attentions, the default two scales
+    assert sorted({f["step"] for f in net["formation"]}) == list(range(0, p["net_steps"] + 1, p["net_every"]))
+    for c in net["cells"]:
+        cell = runs[(runs.attention == c["attention"]) & (runs.scale == c["scale"])]
+        k = int((cell.kind == "two-sided").sum())
+        assert c["runs"] == len(cell) and c["two_sided"] == k / len(cell)
+        assert c["two_sided_low"] == pytest.approx(0.0 if k == 0 else beta.ppf(0.025, k, len(cell) - k + 1), abs=1e-9)
+    for c in net["localized"]:
+        cell = v[(v.attention == c["attention"]) & (v.scale == c["scale"])]
+        held = cell[cell["holds"].fillna(False).astype(bool)] if "holds" in cell else cell.iloc[:0]
+        assert c["localized"] == len(held)
+        assert c["two_sided"] == int(((held.partner_change < 0) & (held.partner_p < 0.05)).sum())
+    loc = pd.DataFrame(net["localized"])
+    for q in net["predictions"]:
+        g = loc[loc.scale == q["scale"]].set_index("attention")
+        assert q["conflict_parts"] == ", ".join(read(g.loc[a, "two_sided_low"], g.loc[a, "two_sided_high"])
+                                                for a in ("softmax", "softmax1"))
+    for b in net["batteries"]:
+        match = v[(v.attention == b["attention"]) & (v.run == b["run"])]
+        assert b["heads"] == match.chosen.iloc[0] and b["task"] == "toy_a" and b["label"]
