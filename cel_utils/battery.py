@@ -46,6 +46,7 @@ class RobustSettings:
     seed: int = 0
     n_boot: int = N_BOOT
     constant_steps: int = 5      # 0: the best-constant ablation is not fit
+    fit_dtype: str = "float32"   # the best constant's fit on the search split ("auto": bfloat16 where native)
     text_tokens: int = TEXT_TOKENS  # 0: no general-text NLL
     other_tasks: tuple = ()      # tasks on which the cost is measured
     n_other: int = 100
@@ -168,7 +169,8 @@ def _shared(lm, task_name: str, task: Task, rest: dict, s: RobustSettings) -> Sh
 def _outcomes(lm, name: str, heads: list[Head], margins: dict, sh: Shared, s: RobustSettings) -> tuple:
     """One set's ablation kinds and its per-item outcomes (all but the text NLL)."""
     steps = s.constant_steps if s.constant_sets is None or name in s.constant_sets else 0
-    abl = ablation_types(lm, sh.task, sh.search, heads, s.n_boot, s.seed, steps, means=sh.means)
+    abl = ablation_types(lm, sh.task, sh.search, heads, s.n_boot, s.seed, steps, means=sh.means,
+                         fit_dtype=s.fit_dtype)
     right = sh.gen.get("right") if sh.gen else None
     hurts = None if sh.others is None else bool(sh.others[sh.others["set"] == name]["hurts"].any())
     o = Outcomes(margins, {k: v["margins"] for k, v in abl.items() if k != "zero"},

@@ -34,6 +34,7 @@ from .compare import compare_sets
 from .defaults import ALPHA, N_BOOT, TEXT_TOKENS
 from .engine import evaluate
 from .formats import formats_of, in_format
+from .models import cast
 from .scoring import encode_task, split_prompt
 from .stats import fixes_breaks, holm, mcnemar_exact, paired_bootstrap
 from .tasks import Task, load_task
@@ -195,11 +196,12 @@ def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, st
 
 
 def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: int = N_BOOT, seed: int = 0,
-                   constant_steps: int = 5, means: torch.Tensor | None = None) -> dict:
+                   constant_steps: int = 5, means: torch.Tensor | None = None, fit_dtype: str = "float32") -> dict:
     """The held-out change in accuracy when ``heads`` are removed four ways, each with a paired-bootstrap CI:
     ``zero``, ``mean`` (means over the search prompts, or ``means`` when given: ``[n_layers, n_heads, d_head]``
     computed there), ``resample`` (another item's output) and ``constant`` (the best constant, fit on the search
-    split; ``constant_steps=0`` skips it); ``margins``: each kind's per-item ablated margins ``[n]``."""
+    split, in ``fit_dtype``: a choice, like a ranking screen; ``constant_steps=0`` skips it); ``margins``: each
+    kind's per-item ablated margins ``[n]``, every one evaluated in the model's own dtype."""
     enc, search_enc = encode_task(lm, task), encode_task(lm, search)
     means = compute_head_means(lm, search_enc.inputs) if means is None else means
     base = evaluate(lm, enc)
@@ -207,8 +209,8 @@ def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: 
                "mean": evaluate(lm, enc, list(heads), mode=Ablation("mean", means)),
                "resample": evaluate(lm, enc, list(heads), mode=Ablation("resample", means, seed=seed))}
     if constant_steps > 0:
-        results["constant"] = evaluate(lm, enc, list(heads), mode=Ablation("constant", best_constant(
-            lm, search_enc, heads, means, constant_steps)))
+        fitted = best_constant(cast(lm, fit_dtype), search_enc, heads, means, constant_steps).float()
+        results["constant"] = evaluate(lm, enc, list(heads), mode=Ablation("constant", fitted))
     out = {}
     for k, r in results.items():
         bs = paired_bootstrap(base.correct[0].astype(float), r.correct[0].astype(float), n_boot=n_boot, seed=seed)

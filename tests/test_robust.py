@@ -321,3 +321,31 @@ def test_cel_robust_meets_its_contract(tiny_folder, tmp_path, capsys):
         assert main(args + ["--out", str(bad_out)]) == 2 and not bad_out.exists()
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_the_best_constant_is_fit_in_fit_dtype_and_reported_in_float32(monkeypatch):
+    """The best constant is a choice on the search split: fit on the bfloat16 copy when asked, its held-out effect
+    evaluated on the float32 model (the same margins as a float32 evaluation of the fitted constant)."""
+    import numpy as np
+
+    from cel_utils import robust
+    from cel_utils.ablation import Ablation
+    from cel_utils.engine import evaluate
+    from cel_utils.scoring import encode_task
+    from cel_utils.tasks import load_task
+    from cel_utils.tiny import tiny_model
+
+    seen, real = [], robust.best_constant
+
+    def spy(lm, *a, **k):
+        c = real(lm, *a, **k)
+        seen.append((next(lm.model.parameters()).dtype, c))
+        return c
+
+    monkeypatch.setattr(robust, "best_constant", spy)
+    lm = tiny_model("llama")
+    task, search = load_task("ioi", "heldout", n=8), load_task("ioi", "search", n=8)
+    out = robust.ablation_types(lm, task, search, [(0, 1)], n_boot=50, constant_steps=1, fit_dtype="bfloat16")
+    assert [d for d, _ in seen] == [torch.bfloat16]
+    want = evaluate(lm, encode_task(lm, task), [(0, 1)], mode=Ablation("constant", seen[0][1].float()))
+    assert np.array_equal(out["constant"]["margins"], want.margin[0])
