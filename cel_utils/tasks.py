@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -132,12 +133,18 @@ def load_task(name: str, split: str | None = None, n: int | None = None, seed: i
                        f"(or a path to a .jsonl file)")
     split = split or "search"
     spec = BUILTIN_TASKS[name]
-    rng = random.Random(f"{name}:{seed}")
-    pool = spec.generator(rng)
-    items = split_items(pool, rng)[split]
+    items = [dict(it) for it in dealt(name, seed)[split]]
     task = Task(name=name, kind=spec.kind, items=items, split=split, seed=seed, description=spec.description,
                 metric=METRICS[spec.kind], labels=list(spec.labels))
     return _take(task, n if not clip or n is None else min(n, len(task.items)))
+
+
+@functools.lru_cache(maxsize=64)
+def dealt(name: str, seed: int) -> dict[str, tuple]:
+    """A built-in task's pool, generated and dealt into its splits once per process (``{split: items}``; callers
+    copy the items they hand out)."""
+    rng = random.Random(f"{name}:{seed}")
+    return {k: tuple(v) for k, v in split_items(BUILTIN_TASKS[name].generator(rng), rng).items()}
 
 
 def _jsonl_split(task: Task, split: str, seed: int) -> Task:
