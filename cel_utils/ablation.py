@@ -132,7 +132,9 @@ class Ablation:
       what it reads from this item (two passes: :func:`cel_utils.engine.evaluate_head_sets` runs them);
     * ``scale``: the output multiplied by ``alpha`` (``alpha = 0`` is zero ablation, ``alpha = 1`` the intact
       model, ``alpha > 1`` boosts the head); with ``alphas`` (one factor per head set of an engine call) each set
-      gets its own factor in one batched call (chapter 2b's dose curves).
+      gets its own factor in one batched call (chapter 2b's dose curves); with ``head_alphas`` (``((layer, head,
+      factor), ...)``) the heads named there get their own factor and the set's other heads ``alpha`` (chapter
+      2b's "boost and remove together": ``alpha = 0`` removes, the boosted heads are named with their dose).
 
     :meth:`replacement` gives the removed value (the engine puts it where a head is masked, bit-identical
     elsewhere); :meth:`blend` moves each head part of the way (a gate or a mask in [0, 1]: the gates and the
@@ -140,7 +142,7 @@ class Ablation:
 
     Example:
         >>> Ablation.of("zero")
-        Ablation(mode='zero', means=None, alpha=0.0, seed=0, alphas=())
+        Ablation(mode='zero', means=None, alpha=0.0, seed=0, alphas=(), head_alphas=())
         >>> Ablation.of("scale", alpha=0.5).describe()
         'scale 0.5'
         >>> Ablation.of("median")
@@ -154,6 +156,7 @@ class Ablation:
     alpha: float = 0.0                  # scale: the factor the output is multiplied by
     seed: int = 0                       # resample: the donors' permutation
     alphas: tuple = ()                  # scale: one factor per head set of an engine call (instead of alpha)
+    head_alphas: tuple = ()             # scale: ((layer, head, factor), ...) for heads whose factor is not alpha
 
     def __post_init__(self):
         if self.mode not in KINDS:
@@ -162,6 +165,10 @@ class Ablation:
             raise CELError(f"scale ablation needs finite factors, got {self.alpha!r} {self.alphas!r}")
         if self.alphas and self.mode != "scale":
             raise CELError(f"per-set factors (alphas) are for scale ablation, not {self.mode}")
+        if self.head_alphas and (self.mode != "scale" or self.alphas):
+            raise CELError("per-head factors (head_alphas) are for scale ablation without per-set factors")
+        if self.head_alphas and not np.isfinite([a for _, _, a in self.head_alphas]).all():
+            raise CELError(f"scale ablation needs finite factors, got {self.head_alphas!r}")
 
     @classmethod
     def of(cls, mode: "str | Ablation" = "zero", means: torch.Tensor | None = None,
@@ -177,6 +184,8 @@ class Ablation:
         """The kind as a short name (``"scale 0.5"`` for a scale factor)."""
         if self.alphas:
             return "scale per set (" + ", ".join(f"{a:g}" for a in self.alphas) + ")"
+        if self.head_alphas:
+            return f"scale {self.alpha:g} (" + ", ".join(f"L{l}H{h} x{a:g}" for l, h, a in self.head_alphas) + ")"
         return f"scale {self.alpha:g}" if self.mode == "scale" else self.mode
 
     def resolved(self, lm, token_lists: Sequence[Sequence[int]]) -> "Ablation":
@@ -197,6 +206,8 @@ class Ablation:
             out["alpha"] = self.alpha
             if self.alphas:
                 out["alphas"] = list(self.alphas)
+            if self.head_alphas:
+                out["head_alphas"] = [list(x) for x in self.head_alphas]
         if self.mode == "resample":
             out["seed"] = self.seed
         return out
@@ -205,7 +216,13 @@ class Ablation:
         """The removed value of every head of ``layer`` for ``z [batch, pos, head, d_head]`` (broadcastable to it;
         the caller keeps the heads it does not remove). Not for ``resample`` (its value comes from a donor)."""
         if self.mode == "scale":
-            return z * self.alpha
+            if not self.head_alphas:
+                return z * self.alpha
+            f = torch.full((z.shape[2],), float(self.alpha))          # [head]: this layer's factor per head
+            for l, h, a in self.head_alphas:
+                if l == layer:
+                    f[h] = float(a)
+            return z * f.to(z)[None, None, :, None]
         if self.mode in ("mean", "constant"):
             return self.means[layer].to(device=z.device, dtype=z.dtype)[None, None]  # [1, 1, head, d_head]
         if self.mode == "resample":

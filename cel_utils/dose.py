@@ -5,10 +5,12 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
 * :func:`dose_curve` -- a head set's output multiplied by ``alpha`` (``alpha = 0`` is removal, ``1`` the intact
   model) on the confirm and held-out items; the dose is chosen on confirm items and graded on held-out items,
   where removal is tested against it (paired: exact McNemar on the items where the two disagree);
+* :func:`collateral_curve` -- the same doses' cost on general text (change in NLL per token, CI over chunks);
 * :func:`direct_ranking` -- every head ranked on the search split by how reliably its *direct* effect promotes
   the right answer over its competitor (chapter 2a's machinery); the top ones are the ones to *boost*;
 * the ``boost`` selector (:class:`Boost`, in :data:`cel_utils.selectors.REGISTRY` once this module is imported):
   the top ``k`` of :func:`direct_ranking`, their outputs multiplied by a dose above 1 chosen on the search split;
+  :func:`together` joins each boosted set with a removed set (one ablation, a factor per head);
 * :func:`recall_at_budget` -- how many of the exact screen's top k heads the gradient, compressed-sensing and
   gate selectors find at a fixed budget of forward-equivalents, with a bootstrap CI over items of the reference;
 * :func:`per_item_ceiling` -- the fraction of wrong items that *some* single-head removal fixes (an oracle that
@@ -37,6 +39,7 @@ from .defaults import BOOST_ALPHAS, GRADIENT_FORWARD_EQUIVALENTS
 from .design import Design
 from .engine import evaluate_head_sets
 from .pipeline import Run, run
+from .robust import text_nll
 from .scoring import encode_task
 from .screening import screen
 from .selectors import REGISTRY, Context, Offer, Selector, pipeline_run, ranked_sets, register
@@ -108,6 +111,24 @@ def dose_curve(lm, encs: dict, heads, alphas=ALPHAS, n_boot: int = 1000, seed: i
     held = per["heldout"]
     test = removal_vs(held[0.0].correct[0], held[chosen].correct[0], n_boot=n_boot, seed=seed)
     return DoseCurve(format_set(heads), table, chosen, test)
+
+
+def collateral_curve(lm, heads, alphas=ALPHAS, n_tokens: int = 1000, chunk: int = 128, n_boot: int = 1000,
+                     seed: int = 0) -> pd.DataFrame:
+    """The collateral cost along the dose: the change in next-token NLL per token on general English text
+    (:func:`cel_utils.robust.text_nll`, ``n_tokens`` in chunks of ``chunk``) with ``heads`` scaled by each alpha,
+    with the bootstrap CI over chunks (``alpha``, ``nll_delta``, ``nll_low``, ``nll_high``). alpha = 1 is the intact
+    model: its row is 0 with no pass (the unablated pass is the baseline of every other row)."""
+    rows = []
+    for a in sorted(set(alphas)):
+        if a == 1:
+            rows.append({"alpha": 1.0, "nll_delta": 0.0, "nll_low": 0.0, "nll_high": 0.0})
+            continue
+        t = text_nll(lm, {"set": list(heads)}, n_tokens, chunk=chunk, n_boot=n_boot, seed=seed,
+                     mode=Ablation.of("scale", alpha=a))["sets"]["set"]
+        rows.append({"alpha": float(a), "nll_delta": t["text_nll_delta"], "nll_low": t["ci_low"],
+                     "nll_high": t["ci_high"]})
+    return pd.DataFrame(rows)
 
 
 def choose_dose(table: pd.DataFrame) -> float:
@@ -239,8 +260,26 @@ def boost_vs_remove(lm, search_task, encs: dict, cel_set, design: Design, max_k:
     off = REGISTRY["boost"].offer(ctx, max_k)
     boost = pipeline_run(ctx, off, REGISTRY["boost"], encs)
     remove = run(ctx.lm, encs, {format_set(cel_set): list(cel_set)}, ctx.design, "offered", selector="removal")
-    return {"boost": boost, "remove": remove, "alpha": off.info["alpha"], "ranking": off.info["ranking"],
-            "doses": off.info["doses"], "mode": off.mode}
+    both_sets, both_mode = together(off.sets, cel_set, off.info["alpha"])
+    both = run(ctx.lm, encs, {format_set(x): x for x in both_sets}, replace(ctx.design, mode=both_mode), "offered",
+               selector="boost and remove")
+    return {"boost": boost, "remove": remove, "both": both, "alpha": off.info["alpha"],
+            "ranking": off.info["ranking"], "doses": off.info["doses"], "mode": off.mode, "both_mode": both_mode}
+
+
+def together(boost_sets, cel_set, alpha: float) -> tuple[list, Ablation]:
+    """"Boost and remove together": each boosted set (sizes 1..k) joined with ``cel_set``, and the ablation that
+    removes ``cel_set``'s heads and multiplies the boosted ones by ``alpha`` (a head in both is removed).
+
+    Example:
+        >>> sets, ab = together([[(3, 1)], [(3, 1), (5, 0)]], [(5, 0), (2, 2)], 1.5)
+        >>> [format_set(x) for x in sets], ab.describe()
+        (['L2H2+L3H1+L5H0', 'L2H2+L3H1+L5H0'], 'scale 0 (L3H1 x1.5)')
+    """
+    cel = [tuple(h) for h in cel_set]
+    boosted = list(dict.fromkeys(tuple(h) for x in boost_sets for h in x if tuple(h) not in cel))
+    sets = [sorted(set(cel) | {tuple(h) for h in x}) for x in boost_sets]
+    return sets, Ablation("scale", alpha=0.0, head_alphas=tuple((l, h, float(alpha)) for l, h in boosted))
 
 
 def ceiling(lm, task, static_heads, n_wrong: int = 32, n_perm: int = 2000, seed: int = 0,

@@ -142,11 +142,14 @@ def remove_scale_boost(rec: Records) -> list[str]:
     if len(boost):
         parts = []
         for m, g in boost.groupby("model", sort=False):
-            b = g[g.intervention != "remove"].iloc[0]
+            both = g[g.intervention.str.endswith("+ remove")]
+            b = g[(g.intervention != "remove") & ~g.intervention.str.endswith("+ remove")].iloc[0]
             rm = g[g.intervention == "remove"].iloc[0]
             gain = lambda x: f"{x.heldout_delta:+.3f}" if _num(x.heldout_delta) else "nothing confirmed"  # noqa: E731
             parts.append(f"{m}: {b.intervention} {gain(b)}{' (holds)' if b.holds else ''}, removal of chapter 2's "
-                         f"set {gain(rm)}{' (holds)' if rm.holds else ''}")
+                         f"set {gain(rm)}{' (holds)' if rm.holds else ''}"
+                         + "".join(f", both together {gain(x)}{' (holds)' if x.holds else ''}"
+                                   for x in both.head(1).itertuples()))
         lines.append("- **Boost or remove** (held-out gain in accuracy of each pipeline's chosen set): "
                      + "; ".join(parts) + ".")
     rc = pd.DataFrame(r.get("recall", []))

@@ -261,7 +261,8 @@ class Run:
         if c is None:
             return f"the {self.selector} pipeline confirmed none of its {len(self.offered())} sets: it removes nothing"
         ab = self.design.mode
-        act = (f"scaling {c['heads']} by {ab.alpha:g}" if getattr(ab, "mode", ab) == "scale"
+        act = (f"applying {ab.describe()} to {c['heads']}" if getattr(ab, "head_alphas", ())
+               else f"scaling {c['heads']} by {ab.alpha:g}" if getattr(ab, "mode", ab) == "scale"
                else f"removing {c['heads']}")
         text = (f"localized: {act} changes held-out accuracy by {c['heldout_delta_accuracy']:+.3f} "
                 f"[{c['heldout_ci_low']:+.3f}, {c['heldout_ci_high']:+.3f}], Holm p = {c['heldout_p_holm']:.2g}"

@@ -469,11 +469,19 @@ def test_remove_scale_boost_chapter_records(staged):
         assert r["delta"] == pytest.approx(held[c["chosen_alpha"]] - held[0.0], abs=1e-9)
         assert (r["better"] - r["worse"]) / n == pytest.approx(r["delta"], abs=1e-9)
         assert r["p_value"] == pytest.approx(mcnemar_p(r["better"], r["worse"]), abs=1e-12)
+    coll = pd.DataFrame(rec["collateral"])
+    for (m, heads), g in coll.groupby(["model", "heads"]):
+        assert sorted(g.alpha) == sorted(set(p["alphas"]) | {0.0, 1.0})
+        assert (g[g.alpha == 1.0][["nll_delta", "nll_low", "nll_high"]] == 0).all().all()
+        assert (g.nll_low <= g.nll_delta + 1e-12).all() and (g.nll_delta <= g.nll_high + 1e-12).all()
     for b in rec["boost"]:
         assert b["alpha"] > 1 and b["boost"]["design"]["mode"].startswith("scale")
         assert b["remove"]["design"]["mode"] == "zero"
+        assert b["both_mode"].startswith("scale 0 (") and f"x{b['alpha']:g}" in b["both_mode"]
+        removed = b["remove"]["sets"][0]["heads"].split("+")
+        assert all(set(removed) <= set(s["heads"].split("+")) for s in b["both"]["sets"])
     kinds = pd.DataFrame(rec["boost_table"]).groupby("model").intervention.apply(set)
-    assert all(len(k) == 2 and "remove" in k for k in kinds)
+    assert all(len(k) == 3 and "remove" in k for k in kinds)
     rc = pd.DataFrame(rec["recall"])
     for m, g in rc.groupby("model"):
         assert list(g.selector) == ["gradient"] + ["compressed", "gates"] * len(p["recall_budgets"])

@@ -277,3 +277,56 @@ def test_ceiling_null_within_strata_keeps_what_only_the_items_difficulty_explain
     strat = dose.per_item_ceiling(base, fixes, n_perm=300, seed=1, strata=easy.astype(int))
     assert flat["oracle"] == 0.25 and flat["gap"] < -0.3
     assert strat["null_mean"] == pytest.approx(0.25, abs=0.01) and abs(strat["gap"]) < 0.01
+
+
+def _raw_factor_hook(factors):
+    """A z hook written by hand: multiply head h of the layer by ``factors[h]`` (no cel_utils ablation code)."""
+    def fn(z):
+        z = z.clone()
+        for h, f in factors.items():
+            z[:, :, h] = z[:, :, h] * f
+        return z
+    return fn
+
+
+def test_per_head_factors_match_a_hand_written_hook_and_the_engine(lm):
+    """"Boost and remove together": one scale ablation with a factor per head (L0H1 x1.5, L1H0 removed) against a
+    z hook written by hand, on the logits and through the engine (multiple-choice items scored by hand)."""
+    from cel_utils import hooks
+
+    ab = Ablation("scale", alpha=0.0, head_alphas=((0, 1, 1.5),))
+    with ablate_heads(lm, "L0H1,L1H0", ab):
+        mine = _logits(lm)
+    with hooks.hooked(lm, [("z", 0, _raw_factor_hook({1: 1.5})), ("z", 1, _raw_factor_hook({0: 0.0}))]):
+        hand = _logits(lm)
+    torch.testing.assert_close(mine, hand, rtol=0, atol=0)
+    task = load_task("agreement", "search", n=10)
+    res = evaluate_head_sets(lm, encode_task(lm, task), [[], [(0, 1), (1, 0)]], mode=ab, progress=False)
+    with hooks.hooked(lm, [("z", 0, _raw_factor_hook({1: 1.5})), ("z", 1, _raw_factor_hook({0: 0.0}))]):
+        want = _hand_correct(lm, task, [])
+    np.testing.assert_array_equal(res.correct[1], want)
+    assert ab.describe() == "scale 0 (L0H1 x1.5)"
+
+
+def test_boost_and_remove_together_goes_through_the_pipeline(lm):
+    from cel_utils.design import Design
+    from cel_utils.pipeline import encoded
+
+    encs = encoded(lm, {s: load_task("agreement", s, n=12) for s in ("search", "confirm", "heldout")})
+    b = dose.boost_vs_remove(lm, load_task("agreement", "search", n=12), encs, [(1, 2)], Design(n_boot=100), max_k=2)
+    assert b["both"].selector == "boost and remove" and b["both"].design.mode is b["both_mode"]
+    boosted = {(l, h) for l, h, _ in b["both_mode"].head_alphas}
+    assert (1, 2) not in boosted and all(a == b["alpha"] for _, _, a in b["both_mode"].head_alphas)
+    for heads in b["both"].sets["heads"]:
+        assert "L1H2" in heads.split("+")
+
+
+def test_collateral_curve_is_zero_at_one_and_removal_at_zero(lm):
+    from cel_utils.robust import text_nll
+
+    t = dose.collateral_curve(lm, [(0, 1), (1, 0)], alphas=[0.0, 1.0, 2.0], n_tokens=200, chunk=64, n_boot=100)
+    assert t.alpha.tolist() == [0.0, 1.0, 2.0]
+    assert t.set_index("alpha").loc[1.0].tolist() == [0.0, 0.0, 0.0]
+    zero = text_nll(lm, {"s": [(0, 1), (1, 0)]}, 200, chunk=64, n_boot=100)["sets"]["s"]
+    assert t.set_index("alpha").loc[0.0, "nll_delta"] == pytest.approx(zero["text_nll_delta"], abs=1e-6)
+    assert abs(t.set_index("alpha").loc[2.0, "nll_delta"]) > 1e-4

@@ -97,6 +97,23 @@ def test_softmax1_head_outputs_exactly_zero_when_it_abstains(attention):
         assert z0.abs().min() > 1.0                 # the mean of the values (sqrt(32) each), not zero
 
 
+def test_the_hooks_reproduce_the_trained_networks_logits_bit_for_bit_when_nothing_is_removed():
+    """Every z hook of the book attached (the head ablator with no head masked, and a hook that returns nothing):
+    the exported network's logits are the plain forward's, bit for bit."""
+    from cel_utils.ablation import ablate_heads
+
+    tr = toynet.train("softmax", seeds=[1], steps=20, every=20, n_eval=16, progress=False)
+    lm = tr.model(0)
+    ids = torch.tensor([lm.tokenizer("aBcDdDdD?")["input_ids"]])
+    with torch.no_grad():
+        plain = lm.model(input_ids=ids).logits
+        with ablate_heads(lm, [], "zero"):
+            none_removed = lm.model(input_ids=ids).logits
+        with hooks.hooked(lm, [("z", 0, lambda z: None)]):
+            noop = lm.model(input_ids=ids).logits
+    assert torch.equal(plain, none_removed) and torch.equal(plain, noop)
+
+
 def test_engine_reproduces_the_networks_own_margins_when_nothing_is_removed():
     """The book's engine (encode -> evaluate, no head removed) on a task against training's forward: the margin
     (log-prob of the answer minus the other choice) per item."""
