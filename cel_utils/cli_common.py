@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="softmax, or softmax1 (a null token with a zero embedding first: heads can attend to nothing)")
     tt.add_argument("--seeds", type=int, default=20, help="runs per initial scale")
     tt.add_argument("--scale", default="1.0", help="initial scale(s) of the weights, comma-separated")
-    tt.add_argument("--steps", type=int, default=600)
+    tt.add_argument("--steps", type=int, default=defaults.TOYNET_STEPS)
     tt.add_argument("--verdict", action="store_true", help="the verdict pipeline on toy_a for every run")
     tt.add_argument("--export", default=None, metavar="DIR", help="write every run as a local model folder in DIR")
     tt.add_argument("--out", default=None)

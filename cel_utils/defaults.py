@@ -78,6 +78,7 @@ TOY_RHO = {"toy_a": (0.8, 0.0, 0.5, 0.0), "toy_b": (0.0, 0.4, -0.8, 0.0)}
 TOY_DISTRACTORS = 15
 # Chapter 3a's trained transformer: a change in accuracy on its evaluation sequences smaller than this is "no effect"
 TOYNET_EFFECT = 0.02
+TOYNET_STEPS = 600      # its Adam steps (cel toy-train --steps, toynet.train)
 
 # Approximate screens
 GRADIENT_FORWARD_EQUIVALENTS = 3.0  # one forward and one backward (a backward costs about two forwards)

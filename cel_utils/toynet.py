@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .defaults import TOY_DISTRACTORS, TOY_RHO, TOYNET_EFFECT, progress_enabled
+from .defaults import TOY_DISTRACTORS, TOY_RHO, TOYNET_EFFECT, TOYNET_STEPS, progress_enabled
 from .rival import combine, reading, share_ci
 from .tiny import char_tokenizer
 
@@ -247,8 +247,8 @@ def attention_by_type(P: dict, ids: torch.Tensor, types: torch.Tensor) -> np.nda
     return (torch.einsum("rbht,btk->rhk", p, onehot) / B).numpy()
 
 
-def train(attention: str = "softmax", seeds=range(20), scales=(1.0,), steps: int = 1500, batch: int = 128,
-          lr: float = 3e-3, every: int = 100, n_eval: int = 1000, progress: bool = True) -> Training:
+def train(attention: str = "softmax", seeds=range(20), scales=(1.0,), steps: int = TOYNET_STEPS, batch: int = 128,
+          lr: float = 3e-3, every: int = 50, n_eval: int = 1000, progress: bool = True) -> Training:
     """Train one network per (scale, seed) on an even mix of ``toy_a`` and ``toy_b`` (fresh sequences every
     step, cross-entropy of the answer at the query), all at once with Adam; evaluate at step 0, every ``every``
     steps and at the end on ``n_eval`` fixed sequences per task."""
@@ -411,13 +411,18 @@ def verdicts(tr: Training, runs=None, task: str = "toy_a", partner: str = "toy_b
     return pd.DataFrame(rows)
 
 
+def holding(v: pd.DataFrame) -> pd.DataFrame:
+    """The rows of :func:`verdicts` whose chosen head's held-out gain holds (none when no run chose a head)."""
+    return v[v.get("holds", pd.Series(False, index=v.index)).fillna(False).astype(bool)]
+
+
 def localized(v: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     """Per (attention, initial scale) from :func:`verdicts`: the runs, the share the pipeline localizes (a head whose
     held-out gain holds) with its exact CI, and among those the share whose removal lowers the partner task (exact
     McNemar p below ``alpha``: a tested two-sided trade-off) with its CI; whether the pipeline chose training's head."""
     rows = []
     for (att, sc), g in v.groupby(["attention", "scale"], sort=False):
-        held = g[g.get("holds", pd.Series(False, index=g.index)).fillna(False).astype(bool)]
+        held = holding(g)
         two = held[(held.partner_change < 0) & (held.partner_p < alpha)]
         s, lo, hi = share_ci(len(held), len(g))
         t, tlo, thi = share_ci(len(two), len(held))
@@ -457,7 +462,7 @@ def batteries(tr: Training, v: pd.DataFrame, per_scale: int = 1, **settings) -> 
     s = RobustSettings(**{"n": 200, "items": (("heldout", N_HELDOUT), ("confirm", N_CONFIRM)), "text_tokens": 0,
                           **settings})
     out = []
-    held = v[(v.attention == tr.attention) & v.get("holds", pd.Series(False, index=v.index)).fillna(False).astype(bool)]
+    held = holding(v[v.attention == tr.attention])
     for _, g in held.groupby("scale", sort=False):
         for r in g.head(per_scale).itertuples():
             b = battery(tr.model(int(r.run)), "toy_a", {r.chosen: parse_heads(r.chosen, 1, N_HEADS)}, s)[0]
