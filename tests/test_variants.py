@@ -97,12 +97,17 @@ def test_the_calibration_reads_only_search_items(monkeypatch):
             return out
         return split_items
 
-    for split in ("confirm", "heldout"):
-        monkeypatch.setattr(tasks, "split_items", planted(split))
-        pd.testing.assert_frame_equal(calibration.calibrate(lm, names, n=8, progress=False), before)
-    monkeypatch.setattr(tasks, "split_items", planted("search"))
-    after = calibration.calibrate(lm, names, n=8, progress=False)
-    assert not after["search_baseline"].equals(before["search_baseline"])
+    try:   # tasks.dealt keeps each pool once per process: planted pools must not outlive this test
+        for split in ("confirm", "heldout"):
+            monkeypatch.setattr(tasks, "split_items", planted(split))
+            tasks.dealt.cache_clear()
+            pd.testing.assert_frame_equal(calibration.calibrate(lm, names, n=8, progress=False), before)
+        monkeypatch.setattr(tasks, "split_items", planted("search"))
+        tasks.dealt.cache_clear()
+        after = calibration.calibrate(lm, names, n=8, progress=False)
+        assert not after["search_baseline"].equals(before["search_baseline"])
+    finally:
+        tasks.dealt.cache_clear()
 
 
 def test_calibration_keeps_the_band_and_picks_across_families():
