@@ -361,11 +361,19 @@ def export(tr: Training, run: int, folder) -> str:
     :func:`cel_utils.models.load_model` opens like any user's model; returns the folder."""
     from pathlib import Path
 
+    from transformers.utils import logging as hf_logging
+
     lm = tr.model(run)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    lm.model.save_pretrained(folder)
-    lm.tokenizer.save_pretrained(folder)
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()          # no "Writing model shards" bar left in a rendered page
+    try:
+        lm.model.save_pretrained(folder)
+        lm.tokenizer.save_pretrained(folder)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
     return str(folder)
 
 

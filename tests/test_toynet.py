@@ -129,9 +129,10 @@ def test_engine_reproduces_the_networks_own_margins_when_nothing_is_removed():
     assert np.allclose(res.margin[0], margin.numpy(), atol=1e-5)
 
 
-def test_export_is_a_model_folder_the_model_room_opens(tmp_path):
+def test_export_is_a_model_folder_the_model_room_opens(tmp_path, capfd):
     tr = toynet.train("softmax1", seeds=[3], steps=5, every=5, n_eval=16, progress=False)
     folder = toynet.export(tr, 0, tmp_path / "net")
+    assert "it/s]" not in capfd.readouterr().err              # no progress bar left in a page
     lm = load_model(folder, cache=False)
     assert (lm.family, lm.n_layers, lm.n_heads) == ("llama", 1, toynet.N_HEADS)
     ids = torch.tensor([lm.tokenizer("AbcDd?")["input_ids"]])
