@@ -54,6 +54,18 @@ def train_variant(variant: str, n_heads: int = 4, sigma: float = 1e-4, seeds=ran
                    meta={"n_heads": n_heads, "sigma": np.full(len(seeds), float(sigma)), "seeds": seeds})
 
 
+def kind_of(gain_a, change_b, eps: float = THEORY_EFFECT) -> np.ndarray:
+    """What a removal does to two tasks, each change signed so that positive is better (a gain in accuracy, a
+    fall in loss): ``two-sided`` (A gains more than ``eps`` and B loses more than ``eps``: the conflict
+    account's trade-off), ``one-sided`` (A gains, B does not lose: the noise account's free gain) or ``none``.
+
+        >>> kind_of([0.1, 0.1, 0.0], [-0.1, 0.0, -0.1], eps=0.02).tolist()
+        ['two-sided', 'one-sided', 'none']
+    """
+    gain_a, change_b = np.asarray(gain_a), np.asarray(change_b)
+    return np.where(gain_a > eps, np.where(change_b < -eps, "two-sided", "one-sided"), "none")
+
+
 def outcomes(run: Run, eps: float = THEORY_EFFECT) -> pd.DataFrame:
     """One row per run: the head whose removal lowers task A's loss most, its changes on both tasks, and the
     run's ``kind``: ``two-sided`` (A's loss falls by more than ``eps`` and B's rises by more than ``eps``),
@@ -63,8 +75,7 @@ def outcomes(run: Run, eps: float = THEORY_EFFECT) -> pd.DataFrame:
     for r in range(len(run.seeds)):
         abl = pd.DataFrame(run.ablation(r))
         best = abl.loc[abl.delta_loss_a.idxmin()]
-        helps = best.delta_loss_a < -eps
-        kind = "none" if not helps else "two-sided" if best.delta_loss_b > eps else "one-sided"
+        kind = str(kind_of(-best.delta_loss_a, -best.delta_loss_b, eps))   # a fall in loss is the gain
         both = ((abl.delta_loss_a < -eps) & (abl.delta_loss_b < -eps)).mean()
         rows.append({"seed": run.seeds[r], "c_share": float(run.c_shares[r]), "gap": float(run.gaps[r]),
                      "best_head": int(best["head"]), "delta_loss_a": float(best.delta_loss_a),

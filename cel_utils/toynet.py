@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from .defaults import TOY_DISTRACTORS, TOY_RHO, TOYNET_EFFECT, TOYNET_STEPS, progress_enabled
-from .rival import combine, reading, share_ci
+from .rival import combine, kind_of, reading, share_ci
 from .tiny import char_tokenizer
 
 TYPES = "ABCD"                 # token types; the upper case is sign +1, the lower case -1
@@ -302,16 +302,9 @@ def train(attention: str = "softmax", seeds=range(20), scales=(1.0,), steps: int
 # ----------------------------------------------------------------------------------------------
 # Reading the runs: which account each run's best removal fits, and when it formed
 # ----------------------------------------------------------------------------------------------
-def kind_of(gain_a: np.ndarray, change_b: np.ndarray, eps: float = TOYNET_EFFECT) -> np.ndarray:
-    """``two-sided`` (A gains more than ``eps`` and B loses more than ``eps``: the conflict account's trade-off),
-    ``one-sided`` (A gains, B does not lose: the noise account's free gain) or ``none``."""
-    gain_a, change_b = np.asarray(gain_a), np.asarray(change_b)
-    return np.where(gain_a > eps, np.where(change_b < -eps, "two-sided", "one-sided"), "none")
-
-
 def outcomes(tr: Training, checkpoint: int = -1, eps: float = TOYNET_EFFECT) -> pd.DataFrame:
     """One row per run at a checkpoint (the last by default): the head whose removal raises toy_a's accuracy most,
-    its changes on both tasks, the run's ``kind`` (:func:`kind_of`), whether some head's removal raises both
+    its changes on both tasks, the run's ``kind`` (:func:`cel_utils.rival.kind_of`), whether some head's removal raises both
     tasks by more than ``eps`` (``helps_both``), the intact accuracies, and the share of that head's attention on
     the conflicting token C."""
     g = tr.gains[checkpoint]                                              # [run, head, task]
