@@ -1,4 +1,4 @@
-"""Where a head reads: its attention at the read position (:func:`cel_utils.mechanism.choose_reads`), averaged over
+"""Where a head reads: its attention at the read position (:func:`cel_utils.direct.choose_reads`), averaged over
 items by role.
 
 :func:`attention` gives each head's weights at the read over the tokens up to it. Prompts differ in length, so
@@ -7,7 +7,7 @@ from the read, earlier lines each counted back from its line break. Every item c
 weights sum to 1 (:func:`mean_attention`, :func:`attention_rows`).
 
 Example:
-    >>> from cel_utils.mechanism import Reads
+    >>> from cel_utils.direct import Reads
     >>> from cel_utils.tiny import tiny_model
     >>> lm = tiny_model("llama")
     >>> inputs = [lm.tokenizer.encode("1+2=3\\n4+5="), lm.tokenizer.encode("7+1=")]
@@ -32,7 +32,8 @@ import torch
 from . import hooks
 from .ablation import Head
 from .errors import CELError
-from .mechanism import Reads, token_text
+from .direct import Reads
+from .mechanism import token_text
 
 
 @torch.no_grad()

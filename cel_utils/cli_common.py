@@ -22,7 +22,6 @@ from . import __version__, defaults
 from .ablation import KINDS
 from .errors import CELError
 from .io import dumps, write_json_atomic
-from . import dose  # noqa: F401  (registers the boost selector)
 from .selectors import REGISTRY
 from .tasks import SPLITS
 

@@ -27,7 +27,7 @@ from .io import json_safe
 from .pipeline import Run, control, encoded
 from .scoring import ItemResults
 from .screening import Screen
-from .selectors import Context, Offer, Options, compared, pipeline_run
+from .selectors import REGISTRY, Context, Offer, Options, compared, pipeline_run
 from .stats import bootstrap_mean
 
 
@@ -92,7 +92,19 @@ class SelectorComparison:
                 f"their mean held-out gain (the area) is {g.area:+.3f} [{g.area_ci_low:+.3f}, {g.area_ci_high:+.3f}], "
                 f"{_versus(g)} ({p.area:+.3f} [{p.area_ci_low:+.3f}, {p.area_ci_high:+.3f}]; difference "
                 f"{g.area_vs_pool:+.3f} [{g.area_vs_pool_ci_low:+.3f}, {g.area_vs_pool_ci_high:+.3f}]); "
-                f"{_largest(s)}. " + self._gates_choice() + _learning(self.gates, g, p))
+                f"{_largest(s)}. " + self._boosted(s) + self._gates_choice() + _learning(self.gates, g, p))
+
+    def _boosted(self, s: pd.DataFrame) -> str:
+        """The boost selector's area against the pool search's (a different intervention: outputs multiplied by
+        a dose above 1, not removed); empty when it was left out."""
+        b = REGISTRY["boost"].label
+        if b not in self.offers or b not in s.index:
+            return ""
+        x = s.loc[b]
+        return (f"Boosting instead of removing (the top heads by direct effect, outputs multiplied by "
+                f"{self.offers[b].info['alpha']:g}, the dose chosen on the search split) has an area of {x.area:+.3f} "
+                f"[{x.area_ci_low:+.3f}, {x.area_ci_high:+.3f}], {_versus(x)} (difference {x.area_vs_pool:+.3f} "
+                f"[{x.area_vs_pool_ci_low:+.3f}, {x.area_vs_pool_ci_high:+.3f}]). ")
 
     def _gates_choice(self) -> str:
         c = self.pipeline.chosen()
@@ -183,18 +195,18 @@ def compare_selectors(lm, splits: dict, design: Design, options: Options | None 
 def _pipelines(ctx, encs, offers, clock):
     """The random selector's sets graded on held-out items and its offers through confirm -> choose (the control),
     then every other selector's offer through the pipeline with that control. Returns the runs, every set's
-    held-out (correct, margin) by name, and the control."""
+    held-out (correct, margin) by (selector label, set name), and the control."""
     from .compare import compare_sets
 
     d = ctx.design
     per_set, ctrl = {}, None
-    rand = next((o for o in offers.values() if o.replicates is not None), None)
+    rand_label, rand = next(((k, o) for k, o in offers.items() if o.replicates is not None), (None, None))
     if rand is not None and rand.replicates:
         t0 = time.perf_counter()
         flat = {format_set(x): x for r in rand.replicates for x in r}
         held = compare_sets(ctx.lm, encs["heldout"], flat, mode=d.mode, n_boot=d.n_boot, seed=d.seed)
         for j, n in enumerate(held.names):
-            per_set[n] = (held.results.correct[j], held.results.margin[j])
+            per_set[rand_label, n] = (held.results.correct[j], held.results.margin[j])
         ctrl = control(ctx.lm, encs, rand.replicates, d,
                        heldout_gain=dict(zip(held.names, held.table["delta_accuracy"].astype(float))))
         clock["random: control"] = time.perf_counter() - t0
@@ -204,8 +216,9 @@ def _pipelines(ctx, encs, offers, clock):
             continue
         t0 = time.perf_counter()
         runs[label] = r = pipeline_run(ctx, off, _by_label(label), encs, ctrl)
-        for j, n in enumerate(r.heldout_comparison.names):
-            per_set[n] = (r.heldout_comparison.results.correct[j], r.heldout_comparison.results.margin[j])
+        for j, n in enumerate(r.heldout_comparison.names):   # keyed by selector too: a boosted and a removed
+            per_set[label, n] = (r.heldout_comparison.results.correct[j],   # "L5H3" are different sets
+                                 r.heldout_comparison.results.margin[j])
         clock[f"{label}: pipeline"] = time.perf_counter() - t0
     return runs, per_set, ctrl
 
@@ -227,8 +240,8 @@ def _grade(ctx, offers, per_set, base, runs, pool_size) -> tuple[pd.DataFrame, p
         if not groups or not groups[0]:
             continue
         name = f"mean of {len(reps)} random sets" if reps is not None else None
-        correct = np.stack([np.mean([per_set[n][0] for n in g], axis=0) for g in groups])  # [k, n_items]
-        margin = np.stack([np.mean([per_set[n][1] for n in g], axis=0) for g in groups])
+        correct = np.stack([np.mean([per_set[label, n][0] for n in g], axis=0) for g in groups])  # [k, n_items]
+        margin = np.stack([np.mean([per_set[label, n][1] for n in g], axis=0) for g in groups])
         tab = paired_table([name or g[0] for g in groups], base, ItemResults(correct, margin), n_boot=d.n_boot,
                            seed=d.seed)
         for k, (g, r) in enumerate(zip(groups, tab.itertuples()), start=1):

@@ -6,11 +6,10 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
   model) on the confirm and held-out items; the dose is chosen on confirm items and graded on held-out items,
   where removal is tested against it (paired: exact McNemar on the items where the two disagree);
 * :func:`collateral_curve` -- the same doses' cost on general text (change in NLL per token, CI over chunks);
-* :func:`direct_ranking` -- every head ranked on the search split by how reliably its *direct* effect promotes
-  the right answer over its competitor (chapter 2a's machinery); the top ones are the ones to *boost*;
-* the ``boost`` selector (:class:`Boost`, in :data:`cel_utils.selectors.REGISTRY` once this module is imported):
-  the top ``k`` of :func:`direct_ranking`, their outputs multiplied by a dose above 1 chosen on the search split;
-  :func:`together` joins each boosted set with a removed set (one ablation, a factor per head);
+* :func:`boost_vs_remove` -- the ``boost`` selector of :mod:`cel_utils.selectors` (the heads whose *direct*
+  effect most reliably promotes the right answer, :func:`cel_utils.direct.direct_ranking`, their outputs
+  multiplied by a dose above 1 chosen on the search split) beside removal, and both at once (:func:`together`
+  joins each boosted set with a removed set: one ablation, a factor per head);
 * :func:`recall_at_budget` -- how many of the exact screen's top k heads the gradient, compressed-sensing and
   gate selectors find at a fixed budget of forward-equivalents, with a bootstrap CI over items of the reference;
 * :func:`per_item_ceiling` -- the fraction of wrong items that *some* single-head removal fixes (an oracle that
@@ -26,23 +25,21 @@ Chapter 2b asks which intervention on a head helps, not only whether removal doe
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-import torch
 
-from .ablation import Ablation, format_set, head_name
+from .ablation import Ablation, format_set
 from .compare import paired_table
-from .defaults import BOOST_ALPHAS, GRADIENT_FORWARD_EQUIVALENTS
+from .defaults import GRADIENT_FORWARD_EQUIVALENTS
 from .design import Design
 from .engine import evaluate_head_sets
 from .pipeline import Run, run
 from .robust import text_nll
 from .scoring import encode_task
 from .screening import screen
-from .selectors import REGISTRY, Context, Offer, Selector, pipeline_run, ranked_sets, register
+from .selectors import REGISTRY, Context, pipeline_run
 from .stats import mcnemar_exact, paired_bootstrap
 
 ALPHAS = (-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # the issue's grid: 0 removes, 1 is the intact model
@@ -160,23 +157,6 @@ def removal_vs(removed: np.ndarray, other: np.ndarray, n_boot: int = 1000, seed:
             "p_value": float(mcnemar_exact(np.array([better]), np.array([worse]))[0])}
 
 
-@torch.no_grad()
-def direct_ranking(lm, task) -> pd.DataFrame:
-    """Every head ranked by how reliably its direct effect promotes the answer over the competitor on ``task``'s
-    items (the search split): ``share_positive`` (items where it does) first, then the mean direct effect."""
-    from .mechanism import choose_reads, direct_diff, head_output, trace
-
-    tr = trace(lm, choose_reads(lm, task))
-    rows = []
-    for layer in range(lm.n_layers):
-        for h in range(lm.n_heads):
-            d = direct_diff(lm, tr, head_output(lm, tr, (layer, h))).numpy()   # [n]
-            rows.append({"head": head_name((layer, h)), "layer": layer, "head_index": h,
-                         "share_positive": float((d > 0).mean()), "mean_direct": float(d.mean())})
-    return pd.DataFrame(rows).sort_values(["share_positive", "mean_direct"], ascending=False,
-                                          ignore_index=True)
-
-
 def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm: int = 1000, seed: int = 0,
                      static_correct: np.ndarray | None = None, strata: np.ndarray | None = None) -> dict:
     """The oracle share of wrong items some single-head removal fixes, and its null.
@@ -210,45 +190,6 @@ def per_item_ceiling(base_correct: np.ndarray, head_correct: np.ndarray, n_perm:
             "null_low": float(np.quantile(null, 0.025)), "null_high": float(np.quantile(null, 0.975)),
             "gap": oracle - float(null.mean()), "p_value": float((1 + (null >= oracle).sum()) / (n_perm + 1)),
             "static": static}
-
-
-def choose_boost(lm, enc, sets, alphas=BOOST_ALPHAS) -> tuple[float, pd.DataFrame]:
-    """The dose above 1 for boosting ``sets`` (each scaled by alpha) chosen on ``enc`` (the search split): the
-    largest mean gain in accuracy over the sets (ties: margin, then the smaller alpha). Returns it and the table
-    (``alpha``, ``heads``, ``search_delta_accuracy``, ``search_delta_margin``)."""
-    grid = [(a, x) for a in alphas for x in sets]          # one engine call: each (dose, set) its own factor
-    res = evaluate_head_sets(lm, enc, [[]] + [list(x) for _, x in grid],
-                             mode=Ablation("scale", alphas=(1.0, *(float(a) for a, _ in grid))), progress=False)
-    rows = [{"alpha": a, "heads": format_set(x),
-             "search_delta_accuracy": float(res.correct[j + 1].mean() - res.correct[0].mean()),
-             "search_delta_margin": float(res.margin[j + 1].mean() - res.margin[0].mean())}
-            for j, (a, x) in enumerate(grid)]
-    t = pd.DataFrame(rows)
-    m = t.groupby("alpha")[["search_delta_accuracy", "search_delta_margin"]].mean().reset_index()
-    best = m.sort_values(["search_delta_accuracy", "search_delta_margin", "alpha"],
-                         ascending=[False, False, True]).iloc[0]
-    return float(best.alpha), t
-
-
-@register
-class Boost(Selector):
-    """The heads whose direct effect most reliably promotes the right answer on the search split, *boosted*: the
-    top ``k`` of :func:`direct_ranking`, tested with their outputs multiplied by a dose above 1 (the offer's
-    ``mode``) chosen on the search split by :func:`choose_boost`. Not in chapter 2's comparison of removals
-    (chapter 2b sets it beside removal)."""
-
-    key, label, compared = "boost", "boost (direct effect)", False
-
-    def offer(self, ctx, max_k):
-        t0 = time.perf_counter()
-        ranking = direct_ranking(ctx.grad_lm, ctx.search)
-        order = [(int(r.layer), int(r.head_index)) for r in ranking.itertuples()]
-        sets = ranked_sets(order, max_k)
-        alpha, table = choose_boost(ctx.lm, ctx.enc, sets)
-        n_eval = len(sets) * len(BOOST_ALPHAS) + 1
-        cost = {"forward_equivalents": 1.0 + n_eval, "seconds": time.perf_counter() - t0, "n_evaluations": n_eval}
-        return Offer(sets, cost, order[:max_k], info={"alpha": alpha, "ranking": ranking, "doses": table},
-                     mode=Ablation.of("scale", alpha=alpha))
 
 
 def boost_vs_remove(lm, search_task, encs: dict, cel_set, design: Design, max_k: int = 3) -> dict:

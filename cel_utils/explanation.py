@@ -34,8 +34,8 @@ import pandas as pd
 from .ablation import Head, head_name
 from .attention import (SINK, attention, attention_rows, mean_attention, slot_label, slot_order, slot_token, slot_words,
                         slots)
-from .mechanism import (TOP_TOKENS, Explanation, Reads, Trace, choose_reads, explain, mediators, token_text, top_tokens,
-                        trace)
+from .direct import Reads, Trace, choose_reads, trace
+from .mechanism import TOP_TOKENS, Explanation, explain, mediators, token_text, top_tokens
 from .tasks import load_task, split_tail
 
 N_MEDIATORS = 5

@@ -144,7 +144,8 @@ def cross_task_heatmap(df: pd.DataFrame, title: str | None = None) -> go.Figure:
 # Chapter 2, beyond the pool: every selector on held-out items
 # ---------------------------------------------------------------------------------------------
 SELECTOR_COLOURS = {"top-k screen": "#1f77b4", "pool search": "#ff7f0e", "gradient": "#2ca02c",
-                    "compressed sensing": "#9467bd", "learned gates": "#d62728", "random": "#7f7f7f"}
+                    "compressed sensing": "#9467bd", "learned gates": "#d62728", "boost (direct effect)": "#8c564b",
+                    "random": "#7f7f7f"}
 
 
 def selector_curves(table: pd.DataFrame, title: str | None = None) -> go.Figure:

@@ -18,6 +18,8 @@ key (label)               what it offers for size k
 ``gradient``              the top k of the gradient screen (one forward and one backward)
 ``compressed``            the top k of the compressed-sensing screen (random knockouts, a sparse regression)
 ``gates``                 the learned gates' set of size k (:func:`cel_utils.gates.learn_gates`)
+``boost``                 the top k heads whose direct effect most reliably promotes the answer
+                          (:func:`cel_utils.direct.direct_ranking`), *boosted*: multiplied by a dose above 1
 ``random``                random orders of all heads (the control; its curve is their mean)
 ========================  ====================================================================================
 
@@ -41,12 +43,13 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .ablation import Head, all_heads, format_set, head_name
+from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import compressed_screen, gradient_screen
 from .compare import compare_sets
-from .defaults import BEAM_WIDTH, SELECTOR_RANDOM_SETS, SELECTOR_SWEEP_MAX
+from .defaults import BEAM_WIDTH, BOOST_ALPHAS, SELECTOR_RANDOM_SETS, SELECTOR_SWEEP_MAX
 from .design import Design
-from .engine import forward_equivalents
+from .direct import direct_ranking
+from .engine import evaluate_head_sets, forward_equivalents
 from .errors import CELError
 from .gates import GateSettings, LearnedGates, learn_gates
 from .joint import graded_sets, model_scorer, sweep_pool, sweep_scores
@@ -334,6 +337,45 @@ class Gates(Selector):
         return Offer(sets, {"forward_equivalents": lg.forward_equivalents, "seconds": lg.seconds,
                             "n_evaluations": lg.n_steps * len(lg.penalties)}, lg.heads, search=search,
                      info={"gates": lg})
+
+
+def choose_boost(lm, enc, sets, alphas=BOOST_ALPHAS) -> tuple[float, pd.DataFrame]:
+    """The dose above 1 for boosting ``sets`` (each scaled by alpha) chosen on ``enc`` (the search split): the
+    largest mean gain in accuracy over the sets (ties: margin, then the smaller alpha). Returns it and the table
+    (``alpha``, ``heads``, ``search_delta_accuracy``, ``search_delta_margin``)."""
+    grid = [(a, x) for a in alphas for x in sets]          # one engine call: each (dose, set) its own factor
+    res = evaluate_head_sets(lm, enc, [[]] + [list(x) for _, x in grid],
+                             mode=Ablation("scale", alphas=(1.0, *(float(a) for a, _ in grid))), progress=False)
+    rows = [{"alpha": a, "heads": format_set(x),
+             "search_delta_accuracy": float(res.correct[j + 1].mean() - res.correct[0].mean()),
+             "search_delta_margin": float(res.margin[j + 1].mean() - res.margin[0].mean())}
+            for j, (a, x) in enumerate(grid)]
+    t = pd.DataFrame(rows)
+    m = t.groupby("alpha")[["search_delta_accuracy", "search_delta_margin"]].mean().reset_index()
+    best = m.sort_values(["search_delta_accuracy", "search_delta_margin", "alpha"],
+                         ascending=[False, False, True]).iloc[0]
+    return float(best.alpha), t
+
+
+@register
+class Boost(Selector):
+    """The heads whose direct effect most reliably promotes the right answer on the search split, *boosted*: the
+    top ``k`` of :func:`direct_ranking`, tested with their outputs multiplied by a dose above 1 (the offer's
+    ``mode``) chosen on the search split by :func:`choose_boost`. Its held-out control in chapter 2's comparison
+    is the random selector's sets *removed*, as for every selector; chapter 2b sets it beside removal."""
+
+    key, label = "boost", "boost (direct effect)"
+
+    def offer(self, ctx, max_k):
+        t0 = time.perf_counter()
+        ranking = direct_ranking(ctx.grad_lm, ctx.search)
+        order = [(int(r.layer), int(r.head_index)) for r in ranking.itertuples()]
+        sets = ranked_sets(order, max_k)
+        alpha, table = choose_boost(ctx.lm, ctx.enc, sets)
+        n_eval = len(sets) * len(BOOST_ALPHAS) + 1
+        cost = {"forward_equivalents": 1.0 + n_eval, "seconds": time.perf_counter() - t0, "n_evaluations": n_eval}
+        return Offer(sets, cost, order[:max_k], info={"alpha": alpha, "ranking": ranking, "doses": table},
+                     mode=Ablation.of("scale", alpha=alpha))
 
 
 @register

@@ -256,7 +256,8 @@ def test_joint_search_records(staged):
     assert chosen  # fdr 1.01 in CI_PARAMETERS confirms every best set, so the cost path runs
     assert {c["set"] for c in r["cross_task"]} == chosen
     assert {c["task"] for c in r["cross_task"]} == {"addition", "agreement_rc", "sentiment"}
-    # beyond the pool: all six selectors, every k, for every task; areas inside their CIs; the prose from the numbers
+    # beyond the pool: every compared selector (boosting included), every k, for every task; areas inside their CIs;
+    # the prose from the numbers
     from cel_utils.selectors import compared
 
     SELECTORS = [s.label for s in compared()]
@@ -283,6 +284,8 @@ def test_joint_search_records(staged):
         g = next(s for s in summary if s["selector"] == "learned gates")
         line = next(l for l in prose.splitlines() if l.startswith(f"**smollm2-135m / {task}**: the learned gates"))
         assert f"{g['area']:+.3f} [{g['area_ci_low']:+.3f}, {g['area_ci_high']:+.3f}]" in line
+        b = next(s for s in summary if s["selector"] == "boost (direct effect)")   # boosting, not removing
+        assert f"has an area of {b['area']:+.3f} [{b['area_ci_low']:+.3f}, {b['area_ci_high']:+.3f}]" in line
 
 
 def test_screening_at_scale_records(staged):

@@ -12,7 +12,7 @@ from cel_utils.comparison import compare_selectors
 from cel_utils.design import Design
 from cel_utils.gates import GateSettings
 from cel_utils.selectors import Options, compared
-from cel_utils.tiny import PAIR_HEADS
+from cel_utils.tiny import HARMFUL_HEAD, PAIR_HEADS
 
 
 def compare(lm, splits, max_k, pool_size=5, random_sets=3, compressed=True, compressed_evals=None, mode="zero",
@@ -129,10 +129,11 @@ def test_selectors_grade_in_the_dtype_asked_and_learn_in_the_models(pair):
     """dtype="bfloat16": every set is graded by the bfloat16 copy of the model (each selector's held-out change in
     mean margin equals a separate evaluation of that set by cast(lm, "bfloat16"), and differs from float32's),
     while the gates learn in the model's own float32 (the same log-alphas as with no dtype)."""
-    from cel_utils.ablation import parse_set
+    from cel_utils.ablation import Ablation, parse_set
     from cel_utils.engine import evaluate_head_sets
     from cel_utils.models import cast
     from cel_utils.scoring import encode_task
+    from cel_utils.selectors import REGISTRY
 
     lm, splits = pair
     kw = dict(max_k=2, pool_size=3, random_sets=1, compressed=False, progress=False, n_boot=100,
@@ -144,8 +145,51 @@ def test_selectors_grade_in_the_dtype_asked_and_learn_in_the_models(pair):
     got = {}
     for name, res, model in (("f32", f32, lm), ("b16", b16, cast(lm, "bfloat16"))):
         t = res.table[res.table.selector != "random"]
-        r = evaluate_head_sets(model, enc, [[]] + [parse_set(h) for h in t["heads"]], progress=False)
+        boost = res.offers[REGISTRY["boost"].label].info["alpha"]   # the boosted sets: scaled; the rest: removed
+        alphas = [boost if x == REGISTRY["boost"].label else 0.0 for x in t["selector"]]
+        r = evaluate_head_sets(model, enc, [[]] + [parse_set(h) for h in t["heads"]], progress=False,
+                               mode=Ablation("scale", alphas=(1.0, *alphas)))
         got[name] = t["heldout_delta_margin"].to_numpy()
         assert np.allclose(got[name], r.mean_margin[1:] - r.mean_margin[0], atol=1e-5), name
     assert not np.allclose(got["f32"], got["b16"], atol=1e-5)
     assert b16.runs["learned gates"].design.dtype == "bfloat16"
+
+
+def test_a_boosted_set_and_the_same_set_removed_are_graded_apart(harmful, monkeypatch):
+    """The boost selector joins the comparison. Its ranking is made to be the top-k screen's, so the two offer
+    the same sets (the same names): each curve must still be its own intervention's, boosted (scale alpha) or
+    removed, against a plain full-sequence evaluation of that set on the held-out items."""
+    import pandas as pd
+
+    from cel_utils import selectors
+    from cel_utils.ablation import Ablation, parse_set
+    from cel_utils.scoring import encode_task, plain_evaluate
+    from cel_utils.screening import screen
+
+    def as_topk(lm, task):   # the direct-effect ranking replaced by the exact screen's order
+        sc = screen(lm, task, progress=False)
+        return pd.DataFrame([{"layer": int(r.layer), "head_index": int(r.head_index)}
+                             for r in sc.top(len(sc.heads)).itertuples()])
+
+    monkeypatch.setattr(selectors, "direct_ranking", as_topk)
+    lm, splits = harmful
+    res = compare(lm, splits, max_k=2, pool_size=3, random_sets=2, compressed=False, n_boot=100,
+                  gate_settings=GateSettings(steps=3))
+    boost = selectors.REGISTRY["boost"].label
+    t = res.table.set_index(["selector", "k"])
+    assert [t.loc[(boost, k), "heads"] for k in (1, 2)] == [t.loc[("top-k screen", k), "heads"] for k in (1, 2)]
+    alpha = res.offers[boost].info["alpha"]
+    assert alpha > 1
+    enc = encode_task(lm, splits["heldout"])
+    base = plain_evaluate(lm, enc)
+    for (sel, k), r in t.drop(index="random", level=0).iterrows():
+        mode = Ablation.of("scale", alpha=alpha) if sel == boost else "zero"
+        got = plain_evaluate(lm, enc, parse_set(r.heads), mode=mode)
+        assert r.heldout_delta_accuracy == pytest.approx(float(got.correct[0].mean() - base.correct[0].mean()),
+                                                         abs=1e-9), (sel, k)
+        assert r.heldout_delta_margin == pytest.approx(float(got.margin[0].mean() - base.margin[0].mean()),
+                                                       abs=1e-4), (sel, k)
+    # removing the harmful head and boosting it change held-out accuracy by different amounts, so a table that
+    # mixed the two up could not pass the checks above
+    assert t.loc[("top-k screen", 1), "heads"] == format_set([HARMFUL_HEAD])
+    assert abs(t.loc[("top-k screen", 1), "heldout_delta_accuracy"] - t.loc[(boost, 1), "heldout_delta_accuracy"]) > 0.1

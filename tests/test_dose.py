@@ -7,8 +7,10 @@ import torch
 
 from cel_utils import dose
 from cel_utils.ablation import Ablation, ablate_heads
+from cel_utils.direct import direct_ranking
 from cel_utils.engine import evaluate_head_sets
 from cel_utils.scoring import encode_task
+from cel_utils.selectors import choose_boost
 from cel_utils.tasks import load_task
 from cel_utils.tiny import tiny_model
 
@@ -108,7 +110,7 @@ def test_ceiling_reads_only_wrong_items_and_the_static_set():
 
 
 def test_direct_ranking_orders_by_share_then_mean(lm):
-    r = dose.direct_ranking(lm, load_task("addition", "search", n=6))
+    r = direct_ranking(lm, load_task("addition", "search", n=6))
     assert len(r) == lm.n_layers * lm.n_heads
     key = list(zip(r.share_positive, r.mean_direct))
     assert key == sorted(key, reverse=True)
@@ -172,7 +174,7 @@ def test_boost_chooses_the_dose_with_the_largest_mean_search_gain(lm):
     enc = encode_task(lm, task)
     sets = [[(1, 0)], [(1, 0), (0, 1)]]
     doses = (1.5, 3.0, 6.0, 12.0)
-    alpha, table = dose.choose_boost(lm, enc, sets, alphas=doses)
+    alpha, table = choose_boost(lm, enc, sets, alphas=doses)
 
     def accuracy(heads, a):
         return np.mean(_hand_correct(lm, task, heads, Ablation.of("scale", alpha=a)))
@@ -200,7 +202,7 @@ def test_cel_search_boost_grades_the_boosted_sets_as_cel_eval_does(tiny_folder, 
     s = json.loads(out.read_text())
     alpha = float(s["mode"].split()[1])
     assert s["mode"].startswith("scale") and alpha > 1
-    ranking = dose.direct_ranking(tiny_model_from(folder), load_task("agreement", "search", n=10))
+    ranking = direct_ranking(tiny_model_from(folder), load_task("agreement", "search", n=10))
     assert s["pool"] == list(ranking["head"][:2])
     for b in s["best"]:
         e = tmp_path / "e.json"

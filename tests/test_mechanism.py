@@ -11,6 +11,7 @@ import torch
 
 from cel_utils import attention as A
 from cel_utils import explanation as E
+from cel_utils import direct as DLA
 from cel_utils import mechanism as M
 from cel_utils.cli import main
 from cel_utils.tasks import Task
@@ -43,12 +44,12 @@ def _model_diff(lm, reads):
 @pytest.mark.parametrize("kind", ["mc", "em"])
 def test_components_add_up_to_the_clean_logit_difference(tiny, kind):
     task = _task(kind)
-    reads = M.choose_reads(tiny, task)
+    reads = DLA.choose_reads(tiny, task)
     assert len(reads) == len(task.items)
-    tr = M.trace(tiny, reads)
-    comps = M.components(tiny, tr)
+    tr = DLA.trace(tiny, reads)
+    comps = DLA.components(tiny, tr)
     assert sum(1 for n in comps if "H" in n and "." not in n) == tiny.n_layers * tiny.n_heads
-    total = sum(M.direct_diff(tiny, tr, c) for c in comps.values()) + M.bias_diff(tiny, tr)
+    total = sum(DLA.direct_diff(tiny, tr, c) for c in comps.values()) + DLA.bias_diff(tiny, tr)
     np.testing.assert_allclose(total.numpy(), _model_diff(tiny, reads), atol=1e-4)
 
 
@@ -62,7 +63,7 @@ def test_the_read_is_where_the_score_is_decided(tiny_llama, kind):
     if kind == "mc":
         for it in task.items:
             it["choices"] = [" x", " y", " q"]
-    reads = M.choose_reads(tiny_llama, task)
+    reads = DLA.choose_reads(tiny_llama, task)
     margin = plain_evaluate(tiny_llama, encode_task(tiny_llama, task)).margin[0]
     np.testing.assert_allclose(_model_diff(tiny_llama, reads), margin[reads.items], atol=1e-4)
 
@@ -97,7 +98,7 @@ def _by_hand_llama(lm, reads, head):
 @pytest.mark.parametrize("head", [(0, 1), (2, 3)])
 def test_direct_effect_equals_removing_the_head_from_the_final_residual(tiny_llama, head):
     task = _task("em")
-    reads = M.choose_reads(tiny_llama, task)
+    reads = DLA.choose_reads(tiny_llama, task)
     ex = M.explain(tiny_llama, task, head, reads=reads)
     np.testing.assert_allclose(ex.direct, _by_hand_llama(tiny_llama, reads, head), atol=1e-4)
     assert np.abs(ex.direct).max() > 1e-3  # not vacuous
@@ -107,8 +108,8 @@ def test_gemma_direct_effect_goes_through_the_post_attention_norm():
     """Gemma normalises the attention output before adding it: the head's piece is frozen-scaled there too."""
     lm = tiny_model("gemma3")
     task = _task("mc")
-    reads = M.choose_reads(lm, task)
-    tr = M.trace(lm, reads)
+    reads = DLA.choose_reads(lm, task)
+    tr = DLA.trace(lm, reads)
     l, h = 1, 2
     D = lm.head_dim
     layer = lm.decoder_layers[l]
@@ -123,7 +124,7 @@ def test_gemma_direct_effect_goes_through_the_post_attention_norm():
     y = tr.final
     contrib = (c * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + fin.eps) * (1 + fin.weight.detach()))
     by_hand = (contrib * (U[a] - U[b])).sum(-1)
-    np.testing.assert_allclose(M.direct_diff(lm, tr, M.head_output(lm, tr, (l, h))).numpy(), by_hand.numpy(),
+    np.testing.assert_allclose(DLA.direct_diff(lm, tr, DLA.head_output(lm, tr, (l, h))).numpy(), by_hand.numpy(),
                                atol=1e-4)
 
 
@@ -160,8 +161,8 @@ def test_path_split_adds_up_when_the_model_after_the_head_is_linear():
 def test_attention_weights_rebuild_the_head_output(tiny_llama):
     """Weights at the read position times the values give the head's slice of the o_proj input (GQA mapped)."""
     task = _task("mc")
-    reads = M.choose_reads(tiny_llama, task)
-    tr = M.trace(tiny_llama, reads)
+    reads = DLA.choose_reads(tiny_llama, task)
+    tr = DLA.trace(tiny_llama, reads)
     l, h = 1, 3
     D, group = tiny_llama.head_dim, tiny_llama.n_heads // tiny_llama.n_kv_heads
     before = _model_diff(tiny_llama, reads)
@@ -236,8 +237,8 @@ def test_mediators_account_for_the_indirect_effect_in_a_linear_model():
     contributions add up to the indirect path."""
     lm = _linear_after(0)
     task = _task("mc")
-    reads = M.choose_reads(lm, task)
-    tr = M.trace(lm, reads)
+    reads = DLA.choose_reads(lm, task)
+    tr = DLA.trace(lm, reads)
     ex = M.explain(lm, task, (0, 1), reads=reads, tr=tr)
     med = M.mediators(lm, tr, ex, k=10_000)
     assert abs(sum(m["mean_change"] for m in med) - ex.indirect_path.mean()) < 1e-5
@@ -313,7 +314,7 @@ def _multiline_task(n: int = 10) -> Task:
 def test_mean_attention_sums_to_one_on_prompts_of_different_lengths(tiny_llama):
     """A real head's mean attention by role over reads of different lengths and line counts: every read counts in
     every slot, so the mean weights sum to 1 (averaging a slot over only the reads that have it would not)."""
-    reads = M.choose_reads(tiny_llama, _multiline_task())
+    reads = DLA.choose_reads(tiny_llama, _multiline_task())
     assert len({len(s) for s in reads.inputs}) > 3                      # lengths differ
     assert len({sum(tiny_llama.tokenizer.decode([t]) == "\n" for t in s) for s in reads.inputs}) > 1
     w = A.attention(tiny_llama, reads, [(1, 3)])[(1, 3)]
