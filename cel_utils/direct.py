@@ -37,6 +37,7 @@ from . import hooks
 from .ablation import Head, ablate_heads, head_name
 from .engine import evaluate
 from .errors import CELError
+from .models import cast
 from .scoring import STOP, encode_task, logits_at, read_stats
 
 
@@ -292,7 +293,9 @@ def bias_diff(lm, tr: Trace) -> torch.Tensor:
 @torch.no_grad()
 def direct_ranking(lm, task) -> pd.DataFrame:
     """Every head ranked by how reliably its direct effect promotes the answer over the competitor on ``task``'s
-    items (the search split): ``share_positive`` (items where it does) first, then the mean direct effect."""
+    items (the search split): ``share_positive`` (items where it does) first, then the mean direct effect.
+    Attribution runs in float32 (on a float32 copy of a bfloat16 model: its weights, exactly)."""
+    lm = cast(lm, "float32")
     tr = trace(lm, choose_reads(lm, task))
     rows = []
     for layer in range(lm.n_layers):

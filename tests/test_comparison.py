@@ -193,3 +193,16 @@ def test_a_boosted_set_and_the_same_set_removed_are_graded_apart(harmful, monkey
     # mixed the two up could not pass the checks above
     assert t.loc[("top-k screen", 1), "heads"] == format_set([HARMFUL_HEAD])
     assert abs(t.loc[("top-k screen", 1), "heldout_delta_accuracy"] - t.loc[(boost, 1), "heldout_delta_accuracy"]) > 0.1
+
+
+def test_the_comparison_runs_on_a_bfloat16_model_given_as_the_model(pair):
+    """Chapter 2 passes the bfloat16 copy itself (selector_dtype): the boost selector's direct-effect ranking,
+    which reads the model's norms and projections, runs on a float32 copy of it and offers its sets."""
+    from cel_utils.models import cast
+    from cel_utils.selectors import REGISTRY
+
+    lm, splits = pair
+    res = compare(cast(lm, "bfloat16"), splits, max_k=2, pool_size=3, random_sets=1, compressed=False, n_boot=100,
+                  gate_settings=GateSettings(steps=2))
+    rows = res.table[res.table.selector == REGISTRY["boost"].label]
+    assert list(rows.k) == [1, 2] and res.offers[REGISTRY["boost"].label].info["alpha"] > 1
