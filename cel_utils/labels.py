@@ -91,26 +91,24 @@ class Outcomes:
 
 
 def mean_ci(d: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
-    """Mean of paired per-item differences ``d`` with its t interval (``scipy.stats.ttest_1samp``); a constant ``d``
-    gives an interval of zero width. (A bootstrap would fit too; the t interval is what the label's bootstrap
-    over items and the operating characteristics can afford to recompute thousands of times.)
+    """Mean of paired per-item differences ``d`` with its t interval: the mean plus or minus the t quantile
+    (``scipy.special.stdtrit``, n - 1 degrees of freedom) times the standard error, the interval
+    ``scipy.stats.ttest_1samp(d, 0).confidence_interval`` gives (a test checks they agree) at a fiftieth of its
+    overhead: the label's bootstrap over items and the operating characteristics recompute it thousands of times.
+    A constant ``d`` gives an interval of zero width. (A bootstrap would fit too, at a far higher cost.)
 
     Example:
         >>> [round(x, 3) for x in mean_ci(np.array([0.0, 1.0, 1.0, 0.0, 1.0]))]
         [0.6, -0.08, 1.28]
     """
-    import warnings
-
-    from scipy.stats import ttest_1samp
+    from scipy.special import stdtrit
 
     d = np.asarray(d, float)
     point = float(d.mean()) if len(d) else float("nan")
     if len(d) < 2 or np.ptp(d) == 0:
         return point, point, point
-    with warnings.catch_warnings():   # near-constant differences: scipy warns, the interval is still right
-        warnings.simplefilter("ignore", RuntimeWarning)
-        ci = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
-    return point, float(ci.low), float(ci.high)
+    half = float(stdtrit(len(d) - 1, 1 - alpha / 2) * d.std(ddof=1) / np.sqrt(len(d)))
+    return point, point - half, point + half
 
 
 def check(d: np.ndarray, alpha: float = ALPHA, above: float = 0.0, on: str = "accuracy") -> dict:

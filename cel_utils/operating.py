@@ -48,11 +48,11 @@ def shift_for(margins: np.ndarray, gain: float, tau: float) -> float:
         0.25
     """
     from scipy.optimize import brentq
-    from scipy.stats import norm
+    from scipy.special import ndtr   # the standard normal CDF (what scipy.stats.norm.cdf calls, without its overhead)
 
     m = np.asarray(margins, float)
     acc = float((m > 0).mean())
-    f = lambda d: float(norm.cdf((m + d) / max(tau, 1e-9)).mean()) - acc - gain  # noqa: E731
+    f = lambda d: float(ndtr((m + d) / max(tau, 1e-9)).mean()) - acc - gain  # noqa: E731
     hi = float(np.abs(m).max()) + 10 * tau + 1.0
     if f(hi) < 0:
         return hi

@@ -32,13 +32,17 @@ def _outcomes(shift=None, kinds_shift=None, gen=True, base=None, signs=None, nll
     return Outcomes(m, kinds, g, signs, np.full(20, nll) + RNG.normal(0, 0.002, 20), False)
 
 
+@pytest.mark.filterwarnings("ignore:Precision loss")   # scipy on nearly constant 0/1 differences
 def test_mean_ci_is_scipys_t_interval():
-    from scipy.stats import t
+    """mean_ci against scipy.stats.ttest_1samp's confidence interval (the library's, a separate implementation),
+    at several sizes and levels, paired 0/1 differences included."""
+    from scipy.stats import ttest_1samp
 
-    d = RNG.normal(0.2, 1, 50)
-    est, lo, hi = mean_ci(d)
-    half = t.ppf(0.975, 49) * d.std(ddof=1) / np.sqrt(50)
-    assert est == pytest.approx(d.mean()) and (lo, hi) == pytest.approx((d.mean() - half, d.mean() + half))
+    for n, alpha in ((3, 0.05), (20, 0.05), (50, 0.05), (50, 0.01), (400, 0.1)):
+        for d in (RNG.normal(0.2, 1, n), RNG.integers(-1, 2, n).astype(float)):
+            est, lo, hi = mean_ci(d, alpha=alpha)
+            ci = ttest_1samp(d, 0.0).confidence_interval(1 - alpha)
+            assert est == pytest.approx(d.mean()) and (lo, hi) == pytest.approx((ci.low, ci.high), rel=1e-9), (n, alpha)
 
 
 def test_each_truth_gets_its_word():
