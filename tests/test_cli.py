@@ -101,6 +101,7 @@ def test_argparse_errors_exit_2(capsys):
     assert e.value.code == 2
 
 
+@pytest.mark.subprocess
 def test_installed_entry_point():
     r = subprocess.run([str(Path(sys.executable).parent / "cel"), "tasks"], capture_output=True, text=True)
     assert r.returncode == 0 and "addition" in r.stdout

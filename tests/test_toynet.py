@@ -213,6 +213,7 @@ def _cli(*args, cwd):
                                                    "HOME": str(cwd)})
 
 
+@pytest.mark.subprocess
 def test_cli_writes_its_record_the_same_in_two_processes_and_refuses_bad_input(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     for out in (a, b):
