@@ -193,6 +193,11 @@ def test_a_boosted_set_and_the_same_set_removed_are_graded_apart(harmful, monkey
     # mixed the two up could not pass the checks above
     assert t.loc[("top-k screen", 1), "heads"] == format_set([HARMFUL_HEAD])
     assert abs(t.loc[("top-k screen", 1), "heldout_delta_accuracy"] - t.loc[(boost, 1), "heldout_delta_accuracy"]) > 0.1
+    # the section's sentence gives boosting's own area (the mean of its curve) against the pool search's
+    b = res.summary.set_index("selector").loc[boost]
+    assert b.area == pytest.approx(t.loc[boost, "heldout_delta_accuracy"].mean())
+    assert (f"multiplied by {alpha:g}, the dose chosen on the search split) has an area of {b.area:+.3f} "
+            f"[{b.area_ci_low:+.3f}, {b.area_ci_high:+.3f}]") in res.sentence()
 
 
 def test_the_comparison_runs_on_a_bfloat16_model_given_as_the_model(pair):
