@@ -100,3 +100,59 @@ def test_readme_has_the_two_commands():
     assert "make book" in readme and "make test" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
+
+
+def _committed_install_files() -> list[Path]:
+    """Every lock, environment file and the Makefile: what an install outside reads."""
+    return sorted({*ROOT.glob("*.lock"), *ROOT.glob("*.yml"), *ROOT.glob("*.yaml"), ROOT / "Makefile",
+                   ROOT / "lock.in", ROOT / ".ci" / "run"})
+
+
+def test_no_machine_path_in_any_install_file():
+    """No local wheel folder, link or absolute path in what an install reads (pip-compile once copied this
+    machine's ``--find-links /opt/wheels`` into the lock: pip elsewhere then looked for torch's +cpu build on the
+    package index, which has none)."""
+    bad = []
+    for path in _committed_install_files():
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"(?<!no-emit-)find-links|(?<![\w-])-f\s", code) or re.search(r"(?<![\w:/.])/(opt|home|root|usr|tmp|work|mnt|srv|var)\b", code) \
+                    or "file://" in code:
+                bad.append(f"{path.name}:{n}: {line.strip()}")
+    assert not bad, bad
+
+
+def test_torch_is_pinned_once_and_installed_from_its_cpu_index():
+    """torch's pin lives in the lock only (pyproject's requirement is what the lock is compiled from); the Makefile
+    installs the lock's own torch entry, hash required, from TORCH_INDEX (default PyTorch's CPU index) before the
+    rest; environment.yml names the same index for the same pin; make lock writes no find-links into the lock."""
+    entry = lockfile.entry(lockfile.LOCK, "torch")
+    assert entry.startswith("torch==2.13.0+cpu") and "--hash=sha256:" in entry
+    mk = (ROOT / "Makefile").read_text()
+    assert f"TORCH_INDEX ?= {lockfile.TORCH_INDEX}" in mk
+    torch_step = "--require-hashes --no-deps --index-url $(TORCH_INDEX) -r $(VENV)/torch.lock"
+    assert torch_step in mk and "-m cel_utils.lockfile torch > $(VENV)/torch.lock" in mk
+    assert mk.index(torch_step) < mk.index("-r requirements.lock")
+    assert "--no-emit-find-links" in mk
+    for path in ("Makefile", "lock.in", ".ci/run"):   # no second pin of torch where an install reads
+        assert "2.13.0" not in re.sub(r"#.*", "", (ROOT / path).read_text()), path
+    env = (ROOT / "environment.yml").read_text()
+    assert f"--extra-index-url {lockfile.TORCH_INDEX}" in env and "torch==2.13.0+cpu" in env
+
+
+def test_readme_says_what_the_lock_covers():
+    readme = (ROOT / "README.md").read_text()
+    assert "CPython 3.11" in readme and "Linux x86-64" in readme and "TORCH_INDEX" in readme
+    assert "another platform" in readme
+
+
+def test_lm_eval_plugin_entry_point_is_the_class():
+    """The installed distribution declares lm-eval's plugin entry point ``cel``, whose value is CELLM's own
+    ``module:Class`` (any other value makes lm-eval's registration raise "alias already registered")."""
+    from importlib.metadata import entry_points
+
+    import pytest
+
+    cls = pytest.importorskip("cel_utils.lm_eval_model").CELLM
+    eps = {e.name: e.value for e in entry_points(group="lm_eval.models")}
+    assert eps.get("cel") == f"{cls.__module__}:{cls.__qualname__}" == "cel_utils.lm_eval_model:CELLM"
