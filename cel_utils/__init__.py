@@ -13,6 +13,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``formats`` (each task's items asked in eight meaning-preserving prompt formats)
 * ``ablation`` (the kinds of head ablation in one place: zero, mean, resample, constant, scale), ``scoring``
   (items, reads, the plain-loop reference ``plain_evaluate``)
+* ``export`` (a head set's removal written into the weights: a standard model folder, ``cel export``)
 * ``engine`` (the exact batched evaluator of head sets), ``calibration`` (which tasks leave room: search split)
 * ``stats`` (paired statistics, exact tests, the rules)
 * ``labels`` (the battery's checks and label read from per-item outcomes: a test behind every word)

@@ -22,6 +22,8 @@
                [--export DIR] [--out F]
     cel exercises list
     cel exercises check NOTEBOOK
+    cel export --model M --heads SET [--mode zero|scale|mean] [--alpha A] [--means-task T] [--record F] --out DIR
+               [--force]
 
 KIND is a kind of :data:`cel_utils.ablation.KINDS` (zero, mean, resample, scale with --alpha); the strategies and
 methods come from the selector registry (:data:`cel_utils.selectors.REGISTRY`). The parser and the shared helpers
@@ -303,6 +305,38 @@ def cmd_exercises(args):
         raise SystemExit(1)
 
 
+def cmd_export(args):
+    """The model with a head set removed, written into its weights as a standard Hugging Face model folder."""
+    import json
+    import shlex
+
+    from .ablation import Ablation, check_head_spec, parse_heads
+    from .export import check_exportable, check_target, export_model, task_means
+    from .models import load_model
+
+    check_head_spec(args.heads.replace("+", ","))
+    if (args.mode == "scale") != (args.alpha is not None):
+        raise CELError("--alpha goes with --mode scale (the factor the heads' output is multiplied by)")
+    if (args.mode == "mean") != (args.means_task is not None):
+        raise CELError("--means-task goes with --mode mean (the task whose search-split prompts give the head means)")
+    ablation = Ablation.of(args.mode, alpha=args.alpha)
+    check_target(args.out, args.force)
+    record = None
+    if args.record:
+        try:
+            record = json.loads(open(args.record).read())
+        except (OSError, ValueError) as e:
+            raise CELError(f"cannot read the record {args.record}: {str(e).splitlines()[0]}") from None
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    heads = parse_heads(args.heads.replace("+", ","), lm.n_layers, lm.n_heads)
+    check_exportable(lm, heads, ablation, need_means=False)
+    if args.mode == "mean":
+        ablation = Ablation.of("mean", means=task_means(lm, args.means_task))
+    command = "cel export " + " ".join(shlex.quote(a) for a in args.argv)
+    out = export_model(lm, heads, ablation, args.out, force=args.force, command=command, record=record)
+    print(f"wrote {out}", file=sys.stderr)
+
+
 def cmd_lm_eval(args):
     """lm-eval's own command line, with the model type ``cel`` (heads removed) registered."""
     from .lm_eval_model import run_cli
@@ -313,7 +347,7 @@ def cmd_lm_eval(args):
 COMMANDS = {"lm-eval": cmd_lm_eval, "models": cmd_models, "tasks": cmd_tasks, "eval": cmd_eval, "screen": cmd_screen, "search": cmd_search,
             "merge": cmd_merge, "verdict": cmd_verdict, "robust": cmd_robust, "calibrate": cmd_calibrate, "stats": cmd_stats,
             "explain": cmd_explain,
-            "theory": cmd_theory, "toy-train": cmd_toy_train, "exercises": cmd_exercises}
+            "theory": cmd_theory, "toy-train": cmd_toy_train, "exercises": cmd_exercises, "export": cmd_export}
 
 
 def main(argv=None) -> int:
@@ -322,6 +356,7 @@ def main(argv=None) -> int:
         args = argparse.Namespace(cmd="lm-eval", lm_eval_args=argv[1:])
     else:
         args = build_parser().parse_args(argv)
+        args.argv = argv[1:]
     no_cache, before = getattr(args, "no_cache", False), os.environ.get("CEL_NO_CACHE")
     if no_cache:  # for this command only: a caller's process keeps its own setting
         os.environ["CEL_NO_CACHE"] = "1"

@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_robust(sub)
     add_calibrate(sub)
     add_stats(sub)
+    add_export(sub)
     x = sub.add_parser("explain", help="what one head does: direct vs total effect, tokens it writes, where it reads")
     common(x)
     x.add_argument("--head", required=True, help="one head, e.g. L13H0")
@@ -210,6 +211,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="grade this chapter's exercises (e.g. 01_screening; 'all': every one); default: the "
                           "chapter whose exercise labels the notebook carries, or that its file is named after")
     return p
+
+
+def add_export(sub) -> None:
+    """``cel export``: a head set's removal written into the weights, as a standard model folder."""
+    c = sub.add_parser("export", help="write the model with a head set removed (zero, scale or mean) as a standard "
+                                      "Hugging Face model folder that any tool loads")
+    c.add_argument("--model", required=True, help="built-in name, local folder or Hugging Face id")
+    c.add_argument("--heads", required=True, help="the set, e.g. L14H8 or L0H7,L11H6 (or L0H7+L11H6)")
+    c.add_argument("--mode", default="zero", help="zero (default), scale (with --alpha) or mean (with --means-task)")
+    c.add_argument("--alpha", type=float, default=None, help="--mode scale: the factor the heads' output is "
+                                                              "multiplied by")
+    c.add_argument("--means-task", default=None, help="--mode mean: the task whose search-split prompts give the "
+                                                       "head means")
+    c.add_argument("--record", default=None, help="a verdict or chapter record (JSON): its held-out figures for "
+                                                   "this set go into the model card")
+    c.add_argument("--out", required=True, help="the folder to write (must not exist or be empty)")
+    c.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="the weights' dtype, as loaded and as written")
 
 
 def add_calibrate(sub) -> None:

@@ -63,16 +63,25 @@ class Arch:
     final_norm: str                   # from the model: the norm before the unembedding
     post_attention_norm: str | None = None  # inside a layer: a norm on the attention output before the residual add
     softcap: str | None = None        # config attribute: the final logits' soft-cap (tanh(x / c) * c)
+    # a bias on the output projection (what exporting mean ablation adds): "always" (the family's projection has
+    # one), a config attribute that turns it on together with the projections named in `bias_with` (which then get
+    # zero biases), or None (no bias possible: mean ablation cannot be written into the weights)
+    out_bias: str | None = None
+    bias_with: tuple[str, ...] = ()
 
 
+_QKV = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")
 ARCHS: dict[str, Arch] = {a.family: a for a in [
-    Arch("llama", ("llama",), "model.layers", "self_attn", "self_attn.o_proj", "model.norm"),
+    Arch("llama", ("llama",), "model.layers", "self_attn", "self_attn.o_proj", "model.norm",
+         out_bias="attention_bias", bias_with=_QKV),
     Arch("gemma3", ("gemma3", "gemma3_text"), "model.layers", "self_attn", "self_attn.o_proj", "model.norm",
-         post_attention_norm="post_attention_layernorm", softcap="final_logit_softcapping"),
+         post_attention_norm="post_attention_layernorm", softcap="final_logit_softcapping",
+         out_bias="attention_bias", bias_with=_QKV),
     Arch("qwen2", ("qwen2",), "model.layers", "self_attn", "self_attn.o_proj", "model.norm"),
     Arch("mistral", ("mistral",), "model.layers", "self_attn", "self_attn.o_proj", "model.norm"),
-    Arch("gpt2", ("gpt2",), "transformer.h", "attn", "attn.c_proj", "transformer.ln_f"),
-    Arch("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "attention.dense", "gpt_neox.final_layer_norm"),
+    Arch("gpt2", ("gpt2",), "transformer.h", "attn", "attn.c_proj", "transformer.ln_f", out_bias="always"),
+    Arch("gpt_neox", ("gpt_neox",), "gpt_neox.layers", "attention", "attention.dense", "gpt_neox.final_layer_norm",
+         out_bias="attention_bias", bias_with=("attention.query_key_value",)),
 ]}
 POINTS = ("z", "proj_out", "attn_out", "resid_pre", "resid_post", "final", "pattern")
 

