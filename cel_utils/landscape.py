@@ -158,7 +158,7 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
            "chosen": r["chosen"], "confirm_delta": r["confirm_delta"], "heldout_delta": r["heldout_delta"],
            "heldout_ci_low": r["ci_low"], "heldout_ci_high": r["ci_high"], "heldout_p_holm": r["p_holm"],
            "holds": r["holds"], "pool_percentile": js.pool_percentile(), "mde": mde,
-           "random_pools": len(js.pool_control), "pools_better": r["control_better"],
+           "random_pools": len(js.pool_control), "pools_at_least": r["control_at_least"],
            "worst_cost_task": None, "cost_delta": np.nan, "cost_ci_low": np.nan, "cost_ci_high": np.nan}
     if r["chosen"] is None:
         row["verdict"] = ("not detected: no best-by-search set was confirmed; one with a gain >= "
@@ -167,8 +167,8 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
         return row
     row.update(worst_cost(cost, r["chosen"], js.task))
     gains = js.pool_control["heldout_delta_accuracy"].to_numpy()
-    pools = (f"{r['control_better']} of {len(gains)} random pools put through the same pipeline chose a set with a "
-             f"larger held-out gain (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
+    pools = (f"{r['control_at_least']} of {len(gains)} random pools put through the same pipeline chose a set with "
+             f"a held-out gain at least as large (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
              f"that confirms nothing counts as 0; with {len(gains)} pools the smallest p-value this control could "
              f"give is {1 / (len(gains) + 1):.2f})" if len(gains) else "no random pool was run")
     row.update(several_vs_one(js, r["chosen"]))

@@ -223,10 +223,20 @@ class Run:
         """Where the chosen set's held-out gain falls among the control's (NaN without a control)."""
         return percentile_among(self.control["heldout_delta_accuracy"].to_numpy(), self.chosen_gain())
 
-    def control_better(self) -> int:
-        """How many control replicates chose a set with a larger held-out gain."""
+    def control_at_least(self) -> int:
+        """How many control replicates chose a set with a held-out gain at least as large as the chosen set's (a
+        tie counts: a random pool that gains as much says the choice added nothing over chance).
+
+            >>> import pandas as pd
+            >>> r = Run("m", "t", "s", Design(), pd.DataFrame({"offered": [True], "heads": ["L1H1"],
+            ...         "confirmed": [True], "confirm_delta_accuracy": [0.2], "heldout_delta_accuracy": [0.3],
+            ...         "search_delta_accuracy": [0.1]}), None, None,
+            ...         control=pd.DataFrame({"heldout_delta_accuracy": [0.3, 0.1, 0.31]}))
+            >>> r.control_at_least()
+            2
+        """
         gains = self.control["heldout_delta_accuracy"].to_numpy(dtype=float)
-        return int((gains > self.chosen_gain() + 1e-12).sum())
+        return int((gains >= self.chosen_gain() - 1e-12).sum())
 
     def record(self) -> dict:
         """JSON-ready: the design, every set with its three splits' figures, the chosen set, the control."""
@@ -245,12 +255,12 @@ class Run:
         row = {"model": self.model, "task": self.task, "selector": self.selector,
                "baseline": float(base.iloc[0]) if len(base) else np.nan, "chosen": None,
                "confirm_delta": np.nan, "heldout_delta": np.nan, "ci_low": np.nan, "ci_high": np.nan,
-               "p_holm": np.nan, "holds": False, "control_better": np.nan, "control_runs": len(self.control)}
+               "p_holm": np.nan, "holds": False, "control_at_least": np.nan, "control_runs": len(self.control)}
         if c is not None:
             row.update(chosen=c["heads"], confirm_delta=float(c["confirm_delta_accuracy"]),
                        heldout_delta=float(c["heldout_delta_accuracy"]), ci_low=float(c["heldout_ci_low"]),
                        ci_high=float(c["heldout_ci_high"]), p_holm=float(c["heldout_p_holm"]), holds=bool(c["holds"]),
-                       control_better=self.control_better())
+                       control_at_least=self.control_at_least())
         row["sentence"] = self.sentence()
         return row
 
