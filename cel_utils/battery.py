@@ -214,7 +214,6 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     for n in want:
         if nll:
             outs[n].nll = nll["sets"][n]["per_chunk"]
-    oc = pair_operating(outs, s)
     out = []
     for name in sets:
         c = checks(outs[name])
@@ -225,17 +224,18 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
                            items=[list(x) for x in s.items], formats=fmt, ablations=abl[name], generation=gen,
                            collateral=_collateral(name, nll, sh, name in brief), control_task=ctl_row, checks=c,
                            label=label(c), label_distribution=label_distribution(outs[name], s.label_boot, s.seed),
-                           operating=oc, outcomes=outs[name]))
+                           operating=pair_operating(outs, s, name), outcomes=outs[name]))
     return out
 
 
-def pair_operating(outs: dict[str, Outcomes], s: RobustSettings) -> pd.DataFrame | None:
+def pair_operating(outs: dict[str, Outcomes], s: RobustSettings, name: str) -> pd.DataFrame | None:
     """The label rule's operating characteristics on this pair's items (:func:`cel_utils.operating.
-    operating_characteristics`), with the per-item spread of a real head: the first set's change in margin in the
-    task's own format (the chosen head, in chapter 1c)."""
-    if s.oc_sims <= 0 or not outs:
+    operating_characteristics`), with the per-item spread of the set being labelled, ``name``: its change in margin
+    in the task's own format (an earlier version took the first set of ``outs``, which is a stopped-early set when
+    there is one, so another set's noise went into every label's operating characteristics)."""
+    if s.oc_sims <= 0 or name not in outs:
         return None
-    o = next(iter(outs.values()))
+    o = outs[name]
     b0, a0 = o.margins["default"]
     tau = float(np.std(a0 - b0, ddof=1)) or 1.0
     base = Outcomes({f: (b, b) for f, (b, _) in o.margins.items()},

@@ -42,3 +42,27 @@ def test_planted_gains_are_the_gains_asked():
                        for o in (plant(base, truth, 0.10, 1.0, rng) for _ in range(300))], axis=0)
         assert got == pytest.approx([want, want], abs=0.01), truth
     assert shift_for(np.array([-2.0, -1.0, 1.0]), 0.9, 0.5) > 0   # more than the room: the ceiling's shift
+
+
+def test_each_label_gets_its_own_sets_noise():
+    """The battery's operating characteristics take tau from the set being labelled (chapter 1c once simulated
+    every label with the first set's noise: a stopped-early set's, inserted first)."""
+    from cel_utils.battery import RobustSettings, pair_operating
+
+    base = _addition_like()
+    rng = np.random.default_rng(5)
+    outs = {}
+    for name, spread in (("stopped early", 0.1), ("chosen", 3.0)):
+        m = {f: (b, b + rng.normal(0, spread, b.size)) for f, (b, _) in base.margins.items()}
+        outs[name] = Outcomes(m, generation=base.generation)
+    s = RobustSettings(oc_sims=40, seed=2)
+    for name in outs:
+        got = pair_operating(outs, s, name)
+        a = outs[name].margins["default"]
+        want = operating_characteristics(
+            Outcomes({f: (b, b) for f, (b, _) in outs[name].margins.items()},
+                     generation=(base.generation[0], base.generation[0])),
+            tau=float(np.std(a[1] - a[0], ddof=1)), n_sim=40, seed=2)
+        assert got["tau"].iloc[0] == pytest.approx(want["tau"].iloc[0])
+        assert got.equals(want)
+    assert pair_operating(outs, s, "chosen")["tau"].iloc[0] > 10 * pair_operating(outs, s, "stopped early")["tau"].iloc[0]
