@@ -244,8 +244,8 @@ def recall_budget(t: pd.DataFrame, title: str | None = None) -> go.Figure:
                         error_y={"type": "data", "symmetric": False, "array": g["ci_high"] - g["recall"],
                                  "arrayminus": g["recall"] - g["ci_low"]},
                         hovertemplate="%{x:.0f} forward-equivalents: recall %{y:.2f}<extra>" + sel + "</extra>")
-    for model, g in t.groupby("model", sort=False):
-        fig.add_vline(x=float(g["exact_forward_equivalents"].iloc[0]), line_dash="dot", line_color="grey",
+    for model, g in t.groupby("model", sort=False):   # a shape on a log axis is placed in log10 units
+        fig.add_vline(x=float(np.log10(g["exact_forward_equivalents"].iloc[0])), line_dash="dot", line_color="grey",
                       annotation_text=f"exact screen ({model})", annotation_font_size=10)
     fig.update_layout(title=title, xaxis_title="forward-equivalents over the search items (log)", xaxis_type="log",
                       yaxis_title="recall of the exact top k", yaxis_range=[-0.05, 1.05], height=420)

@@ -222,3 +222,22 @@ def test_gain_vs_collateral_has_a_legend_and_names_the_task():
     fig = plots.gain_vs_collateral(rows)
     assert fig.layout.showlegend is True and fig.layout.legend.title.text == "label"
     assert list(fig.data[0].text) == ["agreement: L0H7", "ioi: L0H7"]
+
+
+def test_marks_on_a_log_axis_sit_among_the_data():
+    """Figure 2b.3's exact-screen marks: plotly places a shape on a log axis in log10 units, so a mark at the
+    exact screen's cost of 171 forward-equivalents drawn at x=171 stretched the axis to 10^171. Every vertical
+    mark sits within the decades the data span."""
+    import pandas as pd
+
+    from cel_utils.joint_plots import recall_budget
+
+    t = pd.DataFrame({"model": ["m"] * 4, "selector": ["gradient", "gradient", "gates", "gates"],
+                      "forward_equivalents": [3.0, 12.0, 6.0, 40.0], "recall": [0.2, 0.5, 0.4, 0.9],
+                      "ci_low": [0.1, 0.3, 0.2, 0.7], "ci_high": [0.3, 0.7, 0.6, 1.0],
+                      "exact_forward_equivalents": [171.0] * 4})
+    fig = recall_budget(t)
+    assert fig.layout.xaxis.type == "log"
+    lo, hi = np.log10(t["forward_equivalents"].min()), np.log10(t["exact_forward_equivalents"].max())
+    xs = [s.x0 for s in fig.layout.shapes]
+    assert xs and all(lo - 1 <= x <= hi + 1 for x in xs), xs
