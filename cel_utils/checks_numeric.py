@@ -73,7 +73,8 @@ def reading_cases(seed: int = 0) -> list[tuple[np.ndarray, float]]:
     rng = np.random.default_rng(seed)
     return [(rng.normal(0.3, 1, 200), 0.0), (rng.normal(-0.3, 1, 200), 0.0), (rng.normal(0.02, 1, 60), 0.0),
             (np.full(50, 0.1), 0.0), (np.zeros(40), 0.0),
-            (rng.choice([-1.0, 0.0, 1.0], 150, p=[0.1, 0.7, 0.2]), 0.0), (np.array([1.0]), 0.0)]
+            (rng.choice([-1.0, 0.0, 1.0], 150, p=[0.1, 0.7, 0.2]), 0.0), (np.array([1.0]), 0.0),
+            (np.array([0.0, 0.2, 0.1]), 0.0)]   # three items: the t interval cannot tell, a z interval says holds
 
 
 def check_reading(fn: Callable, cases=None) -> None:

@@ -291,7 +291,8 @@ def cmd_calibrate(args):
 
 def cmd_exercises(args):
     """``list``: the checked exercises, one a line; ``check NOTEBOOK``: grade a learner's notebook offline, one
-    line per exercise (PASS, FAIL or MISSING); exit status 1 when a present exercise fails."""
+    line per exercise (PASS, FAIL or MISSING); exit status 1 when a present exercise fails, else 3 when one is
+    missing (so that a batch grader tells an empty submission from a pass), 0 only when every one passes."""
     from .exercises import EXERCISES, grade_file
 
     if args.action == "list":
@@ -303,6 +304,8 @@ def cmd_exercises(args):
         print(r.line(), flush=True)
     if any(r.outcome == "FAIL" for r in results):
         raise SystemExit(1)
+    if any(r.outcome == "MISSING" for r in results):
+        raise SystemExit(3)
 
 
 def cmd_export(args):

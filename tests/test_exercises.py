@@ -248,6 +248,15 @@ def my_reading(d, above):
         low, high = ci.low, ci.high
     return "holds" if low > 0 else "fails" if high < 0 else "cannot tell"
 '''),
+    # a z interval with the population SD instead of the t interval (public check: three items separate them)
+    "reading with a z interval": ("my_reading", "public", '''
+import numpy as np
+def my_reading(d, above):
+    d = np.asarray(d, float)
+    half = 1.96 * d.std() / np.sqrt(len(d))
+    low, high = d.mean() - half, d.mean() + half
+    return "holds" if low > above else "fails" if high < above else "cannot tell"
+'''),
     # scores each head alone instead of the set with it added (public check: a pair that helps only together)
     "greedy on single-head scores": ("my_greedy", "public", '''
 def my_greedy(pool, score, max_size):
@@ -329,10 +338,17 @@ def test_missing_and_syntax_error_lines_and_exit_status(tmp_path, capsys):
     assert len(lines) == len(EXERCISES) and code == 1 and err == ""
 
 
-def test_present_ones_passing_exit_0_and_a_later_def_wins(tmp_path, capsys):
+def test_an_empty_submission_exits_non_zero(tmp_path, capsys):
+    """A batch grader must tell an empty submission from a pass: every exercise MISSING exits 3, not 0."""
+    code, out, _ = run(["exercises", "check", write(tmp_path, notebook("import numpy as np")), "--chapter", "all"],
+                       capsys)
+    assert code == 3 and all(line.startswith("MISSING ") for line in out.splitlines())
+
+
+def test_present_ones_passing_exit_3_with_others_missing_and_a_later_def_wins(tmp_path, capsys):
     wrong = WRONG["McNemar one-sided"][2]
     code, out, _ = run(["exercises", "check", write(tmp_path, notebook(wrong, MCNEMAR))], capsys)
-    assert code == 0 and "PASS ex-ch1-mcnemar my_mcnemar" in out.splitlines()
+    assert code == 3 and "PASS ex-ch1-mcnemar my_mcnemar" in out.splitlines()   # the others are missing
     code, out, _ = run(["exercises", "check", write(tmp_path, notebook(MCNEMAR, wrong))], capsys)
     assert code == 1 and any(line.startswith("FAIL ex-ch1-mcnemar") for line in out.splitlines())
 
@@ -364,7 +380,7 @@ def test_a_chapter_notebook_is_graded_on_its_own_exercises(tmp_path, capsys):
     nb = notebook(MCNEMAR)
     nb["cells"].insert(0, md)
     code, out, _ = run(["exercises", "check", write(tmp_path, nb)], capsys)
-    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch3-derive"] and code == 0
+    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch3-derive"] and code == 3   # it is missing
     plain = write(tmp_path, notebook(MCNEMAR), name="01_screening.ipynb")
     code, out, _ = run(["exercises", "check", plain], capsys)
     assert [line.split()[1] for line in out.splitlines()] == ["ex-ch1-hook", "ex-ch1-mcnemar"]
