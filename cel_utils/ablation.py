@@ -162,7 +162,8 @@ class Ablation:
         if self.mode not in KINDS:
             raise CELError(f"unknown ablation mode {self.mode!r}; use one of {', '.join(KINDS)}")
         if self.mode == "scale" and not np.isfinite([self.alpha, *self.alphas]).all():
-            raise CELError(f"scale ablation needs finite factors, got {self.alpha!r} {self.alphas!r}")
+            raise CELError(f"scale ablation needs finite factors, got {self.alpha!r}"
+                           + (f" and per-set factors {list(self.alphas)!r}" if self.alphas else ""))
         if self.alphas and self.mode != "scale":
             raise CELError(f"per-set factors (alphas) are for scale ablation, not {self.mode}")
         if self.head_alphas and (self.mode != "scale" or self.alphas):

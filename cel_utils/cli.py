@@ -318,10 +318,15 @@ def cmd_export(args):
     from .models import load_model
 
     check_head_spec(args.heads.replace("+", ","))
-    if (args.mode == "scale") != (args.alpha is not None):
-        raise CELError("--alpha goes with --mode scale (the factor the heads' output is multiplied by)")
-    if (args.mode == "mean") != (args.means_task is not None):
-        raise CELError("--means-task goes with --mode mean (the task whose search-split prompts give the head means)")
+    for flag, value, mode, what in (("--alpha", args.alpha, "scale", "the factor the heads' output is multiplied by"),
+                                    ("--means-task", args.means_task, "mean",
+                                     "the task whose search-split prompts give the head means")):
+        if args.mode == mode and value is None:
+            raise CELError(f"--mode {mode} needs {flag} ({what})")
+        if args.mode != mode and value is not None:
+            raise CELError(f"{flag} goes with --mode {mode} only ({what}); this export is --mode {args.mode}")
+    if args.mode not in ("zero", "scale", "mean"):
+        raise CELError(f"cannot export {args.mode} ablation: cel export takes --mode zero, scale or mean")
     ablation = Ablation.of(args.mode, alpha=args.alpha)
     check_target(args.out, args.force)
     record = None
@@ -336,7 +341,8 @@ def cmd_export(args):
     if args.mode == "mean":
         ablation = Ablation.of("mean", means=task_means(lm, args.means_task))
     command = "cel export " + " ".join(shlex.quote(a) for a in args.argv)
-    out = export_model(lm, heads, ablation, args.out, force=args.force, command=command, record=record)
+    out = export_model(lm, heads, ablation, args.out, force=args.force, command=command, record=record,
+                       means_task=args.means_task)
     print(f"wrote {out}", file=sys.stderr)
 
 

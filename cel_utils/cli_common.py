@@ -215,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_export(sub) -> None:
     """``cel export``: a head set's removal written into the weights, as a standard model folder."""
-    c = sub.add_parser("export", help="write the model with a head set removed (zero, scale or mean) as a standard "
-                                      "Hugging Face model folder that any tool loads")
+    text = ("write the model with a head set removed (zero, scale or mean) into its weights, as a standard Hugging "
+            "Face model folder that plain transformers loads")
+    c = sub.add_parser("export", help=text, description=text[0].upper() + text[1:] + ".")
     c.add_argument("--model", required=True, help="built-in name, local folder or Hugging Face id")
     c.add_argument("--heads", required=True, help="the set, e.g. L14H8 or L0H7,L11H6 (or L0H7+L11H6)")
     c.add_argument("--mode", default="zero", help="zero (default), scale (with --alpha) or mean (with --means-task)")
@@ -228,7 +229,7 @@ def add_export(sub) -> None:
                                                    "this set go into the model card")
     c.add_argument("--out", required=True, help="the folder to write (must not exist or be empty)")
     c.add_argument("--force", action="store_true", help="replace a non-empty --out folder")
-    c.add_argument("--device", default="cpu")
+    c.add_argument("--device", default="cpu", help="where the model is loaded and edited (cpu, default; or cuda)")
     c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="the weights' dtype, as loaded and as written")
 

