@@ -44,7 +44,7 @@ from .stats import confirm_decisions, heldout_decisions
 
 CONFIRM_COLUMNS = ["confirm_baseline", "confirm_accuracy", "confirm_delta_accuracy", "confirm_ci_low",
                    "confirm_ci_high", "confirm_delta_margin", "confirm_fixes", "confirm_breaks", "confirm_p_value",
-                   "confirm_q_value", "confirmed"]
+                   "confirm_q_value", "confirmed", "confirm_q_value_by", "confirmed_by"]
 HELDOUT_COLUMNS = ["heldout_baseline", "heldout_accuracy", "heldout_delta_accuracy", "heldout_ci_low",
                    "heldout_ci_high", "heldout_delta_margin", "heldout_fixes", "heldout_breaks", "heldout_p_value",
                    "heldout_p_holm", "holds"]
@@ -84,6 +84,7 @@ def confirm_table(cmp: Comparison, sizes: dict[str, int], d: Design) -> pd.DataF
     for k in ("fixes", "breaks", "p_value", "q_value"):
         tab[f"confirm_{k}"] = dec[k]
     tab["confirmed"] = dec["confirmed"]
+    tab["confirm_q_value_by"], tab["confirmed_by"] = dec["q_value_by"], dec["confirmed_by"]   # sensitivity only
     return tab
 
 

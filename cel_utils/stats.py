@@ -79,6 +79,19 @@ def benjamini_hochberg(p: np.ndarray) -> np.ndarray:
     return p.copy() if len(p) == 0 else false_discovery_control(p, method="bh")
 
 
+def benjamini_yekutieli(p: np.ndarray) -> np.ndarray:
+    """Benjamini-Yekutieli q-values, from scipy: BH's times sum(1/i), valid under any dependence between the tests
+    (the confirm tests share their items), so a sensitivity check beside BH.
+
+        >>> [round(float(x), 4) for x in benjamini_yekutieli([0.01, 0.02])]
+        [0.03, 0.03]
+    """
+    from scipy.stats import false_discovery_control
+
+    p = np.asarray(p, dtype=float)
+    return p.copy() if len(p) == 0 else false_discovery_control(p, method="by")
+
+
 def holm(p: np.ndarray) -> np.ndarray:
     """Holm's step-down adjusted p-values: reject ``adjusted < alpha`` controls the family-wise error rate.
 
@@ -255,7 +268,9 @@ def heldout_decisions(base: np.ndarray, ablated: np.ndarray, alpha: float) -> di
 def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict[str, np.ndarray]:
     """The confirmation rule on fresh items: per row of ``ablated [k, n_items]`` (bool, one row per head chosen
     elsewhere), fixes and breaks against ``base [n_items]``, the exact McNemar p-value, BH q-values over the
-    ``k`` rows, and ``confirmed = q < fdr and fixes > breaks``.
+    ``k`` rows, and ``confirmed = q < fdr and fixes > breaks``; beside them, as a sensitivity check, the
+    Benjamini-Yekutieli q-values (``q_value_by``, valid whatever the dependence between rows that share items) and
+    the same rule on them (``confirmed_by``).
 
     Example:
         >>> base = np.zeros(20, bool)
@@ -265,5 +280,6 @@ def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict
     """
     f, b = fixes_breaks(base, ablated)
     p = mcnemar_exact(f, b)
-    q = benjamini_hochberg(p)
-    return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": confirm_rule(q, f, b, fdr)}
+    q, q_by = benjamini_hochberg(p), benjamini_yekutieli(p)
+    return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": confirm_rule(q, f, b, fdr),
+            "q_value_by": q_by, "confirmed_by": confirm_rule(q_by, f, b, fdr)}

@@ -143,7 +143,7 @@ class Verdict:
         base.update(heldout_baseline=float(r["heldout_baseline"]), heldout_delta=float(r["heldout_delta_accuracy"]),
                     heldout_ci_low=float(r["heldout_ci_low"]), heldout_ci_high=float(r["heldout_ci_high"]),
                     heldout_p_holm=float(r["heldout_p_holm"]), holds=bool(r["holds"]))
-        base["verdict"] = self.run.sentence(verb="confirmed")
+        base["verdict"] = self.run.sentence(verb="confirmed") + self.by_clause()
         eq = self.equals()
         same = [self.chosen] + eq[eq["equal"].astype(bool)]["heads"].tolist()
         base.update(equals=", ".join(same), n_equals=len(same))
@@ -159,6 +159,18 @@ class Verdict:
                                 f"{len(self.confirmed)} removed together change it by {t['heldout_delta_accuracy']:+.3f} "
                                 f"[{t['heldout_ci_low']:+.3f}, {t['heldout_ci_high']:+.3f}]")
         return base
+
+    def by_clause(self) -> str:
+        """Benjamini-Yekutieli beside Benjamini-Hochberg (the confirm tests share their items): how many of the
+        heads BH confirmed BY also confirms, in words ("" when they agree on every head)."""
+        offered = self.run.offered()
+        bh = set(offered[offered.confirmed.astype(bool)]["heads"])
+        by = set(offered[offered.confirmed_by.astype(bool)]["heads"]) if "confirmed_by" in offered else bh
+        if by == bh:
+            return ""
+        return (f"; under Benjamini-Yekutieli (valid whatever the dependence between tests on shared items) "
+                f"{len(by & bh)} of the {len(bh)} confirmed heads stay confirmed"
+                + (f" ({', '.join(sorted(bh - by))} would not)" if bh - by else ""))
 
     def power_summary(self) -> dict:
         """The power fields of :meth:`row`: the confirm test's minimum detectable gain at break rate 0 (``mde``,

@@ -16,7 +16,7 @@ from cel_utils.scoring import encode_task, plain_evaluate
 from cel_utils.tasks import Task
 from cel_utils.tiny import HARMFUL_HEAD, harm_items
 from cel_utils.selectors import gate_pipeline
-from tests.oracles import bh_q, holm_p, mcnemar_p
+from tests.oracles import by_q, bh_q, holm_p, mcnemar_p
 
 
 def test_pipeline_statistics_match_the_oracles(pair):
@@ -36,6 +36,8 @@ def test_pipeline_statistics_match_the_oracles(pair):
         fixes, breaks = (~base & abl).sum(1), (base & ~abl).sum(1)
         p = [mcnemar_p(f, b) for f, b in zip(fixes, breaks)]
         assert gp.sets[p_col].to_numpy() == pytest.approx(p) and gp.sets[adj].to_numpy() == pytest.approx(oracle(p))
+        if split == "confirm":   # Benjamini-Yekutieli beside BH, as a sensitivity check, against the hand oracle
+            assert gp.sets["confirm_q_value_by"].to_numpy() == pytest.approx(by_q(p))
     ok = gp.sets[gp.sets.confirmed]
     assert gp.chosen()["heads"] == ok.loc[ok.confirm_delta_accuracy.idxmax(), "heads"]
     assert len(gp.control) == 2 and 0 <= gp.control_percentile() <= 100
@@ -141,3 +143,18 @@ def test_the_heldout_stage_against_hand_counts_and_the_oracles(harmful_folder, m
     # the planted head did what the case says (so that each case tests what its comment claims)
     f, b = fixes[0], breaks[0]
     assert (f, b) == {("search", False): (20, 0), ("search", True): (0, 20), ("heldout", False): (15, 5)}[split, flip]
+
+
+def test_the_verdict_says_where_benjamini_yekutieli_disagrees():
+    """Planted: three heads BH confirms, one of which BY does not; the clause names it. Where they agree, no clause."""
+    from types import SimpleNamespace
+
+    from cel_utils.verdict import Verdict
+
+    t = pd.DataFrame({"heads": ["L1H0", "L2H0", "L3H0", "L4H0"], "offered": [True] * 4,
+                      "confirmed": [True, True, True, False], "confirmed_by": [True, True, False, False]})
+    fake = SimpleNamespace(run=SimpleNamespace(offered=lambda: t))
+    assert Verdict.by_clause(fake) == ("; under Benjamini-Yekutieli (valid whatever the dependence between tests on "
+                                       "shared items) 2 of the 3 confirmed heads stay confirmed (L3H0 would not)")
+    t["confirmed_by"] = t["confirmed"]
+    assert Verdict.by_clause(fake) == ""
