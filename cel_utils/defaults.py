@@ -67,6 +67,7 @@ ROOM = 0.05             # a format counts for transfer when its unablated accura
 OC_TARGET_CAPABILITY = 0.8   # the label rule's target: P(capability | a true capability of gain POWER_GAIN) at least this
 OC_TARGET_NULL = 0.05        # and P(capability | a head with no effect) at most this
 OC_SIMS = 200           # planted truths per (pair, truth) in the labels' operating characteristics
+LABEL_FIRM = 0.8       # a label read again on at least this share of item resamples is firm; below it, weak
 LABEL_BOOT = 200        # item resamples behind each label's bootstrap distribution
 CONSTANT_STEPS = 5      # gradient rounds of the best-constant ablation (fit on the search split)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .defaults import POWER_GAIN, ROOM_BAND
+from .defaults import LABEL_FIRM, OC_TARGET_CAPABILITY, POWER_GAIN, ROOM_BAND
 from .records import Records
 
 
@@ -39,26 +39,52 @@ def label_phrase(r) -> str:
         >>> r = pd.Series({"label": "offset", "label_share": 0.71, "gain": 0.12, "transfer_est": 0.05,
         ...                "survives_est": -0.01, "generation_est": None})
         >>> label_phrase(r)
-        'labelled **offset** (the same label on 71% of item resamples): +0.120 in its own format, +0.050 over the other formats with room, -0.010 under mean or resample ablation'
+        'labelled **offset** (weak: the same label on 71% of item resamples): +0.120 in its own format, +0.050 over the other formats with room, -0.010 under mean or resample ablation'
     """
     bits = [f"{r['gain']:+.3f} in its own format"]
     for k, what in (("transfer_est", "over the other formats with room"),
                     ("survives_est", "under mean or resample ablation"), ("generation_est", "in free generation")):
         if _num(r.get(k)):
             bits.append(f"{r[k]:+.3f} {what}")
-    share = f" (the same label on {r['label_share']:.0%} of item resamples)" if _num(r.get("label_share")) else ""
+    share = (f" ({strength(r['label_share'])}: the same label on {r['label_share']:.0%} of item resamples)"
+             if _num(r.get("label_share")) else "")
     return f"labelled **{r['label']}**{share}: " + ", ".join(bits)
 
 
+def strength(share: float) -> str:
+    """A label's strength from its stability (the share of item resamples that read it again): ``firm`` at
+    :data:`cel_utils.defaults.LABEL_FIRM` or more, else ``weak`` (a label read on about half of the resamples is
+    nearly a coin flip between it and another).
+
+        >>> strength(0.95), strength(0.545), strength(float("nan"))
+        ('firm', 'weak', 'weak')
+    """
+    return "firm" if _num(share) and share >= LABEL_FIRM else "weak"
+
+
+def chosen_battery(rec: Records, model: str, task: str, head: str) -> dict | None:
+    """Chapter 1c's battery of a pair's chosen head (None: 1c did not test it)."""
+    return next((b for b in rec.raw.get("01c_capability", {}).get("batteries", [])
+                 if (b["model"], b["task"], b["heads"], b["role"]) == (model, task, head, "chosen head")), None)
+
+
+def oc_misses(b: dict) -> float | None:
+    """P(capability | a true capability of gain POWER_GAIN) of a battery's operating characteristics when it falls
+    short of the rule's target (None when it meets it or was not simulated)."""
+    oc = pd.DataFrame(b.get("operating_characteristics") or [])
+    if oc.empty:
+        return None
+    p = float(oc.set_index("truth").loc["capability", "capability"])
+    return p if p < OC_TARGET_CAPABILITY else None
+
+
 def _chosen_label(rec: Records, model: str, task: str, head: str) -> str:
-    bats = [b for b in rec.raw.get("01c_capability", {}).get("batteries", [])
-            if (b["model"], b["task"], b["heads"], b["role"]) == (model, task, head, "chosen head")]
-    if not bats:
+    b = chosen_battery(rec, model, task, head)
+    if b is None:
         return "; chapter 1c did not test it"
-    b = bats[0]
     share = b.get("label_distribution", {}).get(b["label"], np.nan)
-    return (f"; chapter 1c labels it **{b['label']}** on {b['n']} fresh items (the same label on {share:.0%} of item "
-            f"resamples{_oc_phrase(b)})")
+    return (f"; chapter 1c labels it **{b['label']}** ({strength(share)}: the same label on {share:.0%} of item "
+            f"resamples) on {b['n']} fresh items{_oc_phrase(b)}")
 
 
 def model_line(rec: Records, model: str, v: pd.DataFrame) -> str:
@@ -110,14 +136,42 @@ def bottom_line(rec: Records) -> list[str]:
     if v.empty:
         return ["Chapter 1a has not run: there is no verdict to summarise."]
     lines = [model_line(rec, m, g) for m, g in v.groupby("model", sort=False)] + [families_on_room(v)]
-    labels = rec.labels()
-    chosen = labels[labels.role == "chosen head"] if len(labels) else labels
-    if len(chosen):
-        n_cap = int((chosen.label == "capability").sum())
-        lines.append(f"**So:** {n_cap} of the {len(chosen)} heads whose removal helps on held-out items passes the "
-                     "battery as a capability; the others' gains depend on what their label names (the task's own "
-                     "prompt, a constant the head adds, teacher forcing, a cost) or the items could not tell.")
+    lines.append(so_line(rec, v))
     return lines
+
+
+def so_line(rec: Records, v: pd.DataFrame) -> str:
+    """The counting sentence: of the pairs whose chosen head helps on held-out items, how many chapter 1c tested,
+    how many of those it labels a capability (firm or weak), and where its rule misses its own target.
+
+        >>> import tempfile
+        >>> v = pd.DataFrame({"model": ["m", "m"], "task": ["a", "b"], "chosen": ["L1H1", "L2H2"], "holds": [True, True]})
+        >>> so_line(Records(tempfile.mkdtemp()), v)
+        '**So:** of the 2 heads whose removal helps on held-out items, chapter 1c tested 0: whether any is a capability is not known.'
+    """
+    held = v[v.holds.astype(bool)]
+    tested = [(r, b) for r in held.itertuples()
+              if (b := chosen_battery(rec, r.model, r.task, r.chosen)) is not None]
+    if held.empty:
+        return "**So:** no head's removal helps on held-out items, so none could be labelled."
+    head = f"**So:** of the {len(held)} heads whose removal helps on held-out items, chapter 1c tested {len(tested)}"
+    if not tested:
+        return head + ": whether any is a capability is not known."
+    share = lambda b: b.get("label_distribution", {}).get(b["label"], np.nan)  # noqa: E731
+    cap = [(r, b) for r, b in tested if b["label"] == "capability"]
+    firm = [x for x in cap if strength(share(x[1])) == "firm"]
+    others = ", ".join(f"{r.chosen} ({r.model} / {r.task}) {b['label']}, {strength(share(b))}"
+                       for r, b in tested if b["label"] != "capability")
+    miss = [f"{r.model} / {r.task} (P(capability | a capability of gain {POWER_GAIN:.2f}) = {oc_misses(b):.2f} < "
+            f"{OC_TARGET_CAPABILITY:g})" for r, b in tested if oc_misses(b) is not None]
+    out = head + f" and labels {len(cap)} of them a capability ({len(firm)} firmly)"
+    if others:
+        out += f"; the others: {others}"
+    if miss:
+        out += (f". Its rule misses its own target at {', '.join(miss)}: a label other than capability there is "
+                "weak evidence against one")
+    untested = len(held) - len(tested)
+    return out + (f"; {untested} untested." if untested else ".")
 
 
 def remove_scale_boost(rec: Records) -> list[str]:

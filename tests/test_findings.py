@@ -23,9 +23,39 @@ def test_the_bottom_line_reads_every_number_from_the_records(tmp_path):
     lines = bottom_line(Records(tmp_path))
     m = lines[0]
     assert "in 1 of its 2 tasks" in m and "L1H2 changes it by +0.185 [+0.110, +0.260] on 200 held-out items" in m
-    assert "first of 3 confirmed heads" in m and "**offset** on 267 fresh items" in m and "71% of item" in m
+    assert "first of 3 confirmed heads" in m and "**offset** (weak: the same label on 71% of item resamples) on 267 " \
+        "fresh items" in m
     assert "gain 0.10 one 93% of the time and a null one 1%" in m
     assert "ioi: nothing localized, and no room to test: the baseline leaves 0.00 to gain" in m
     assert lines[1] == ("**On pairs with room** (confirm baseline in [0.2, 0.8]): m localizes a head in 1 of 1 "
                         "(pipeline power at 0.10: 0.58). Without room: m / ioi.")   # ioi's baseline 1.0 has none
-    assert lines[2].startswith("**So:** 0 of the 1 heads")
+    assert lines[2] == ("**So:** of the 1 heads whose removal helps on held-out items, chapter 1c tested 1 and labels 0 "
+                        "of them a capability (0 firmly); the others: L1H2 (m / addition) offset, weak.")
+
+
+def _pair(task, holds=True, head="L1H2"):
+    return {"model": "m", "task": task, "holds": holds, "chosen": head if holds else None, "heldout_delta": 0.15,
+            "heldout_ci_low": 0.05, "heldout_ci_high": 0.25, "n_heldout": 200, "n_equals": 1, "baseline": 0.5,
+            "pipeline_power": 0.8}
+
+
+def _battery(task, label, share, p_cap, head="L1H2"):
+    oc = [{"truth": "capability", "capability": p_cap}, {"truth": "null", "capability": 0.02}]
+    return {"model": "m", "task": task, "heads": head, "role": "chosen head", "label": label, "n": 200,
+            "label_distribution": {label: share}, "operating_characteristics": oc}
+
+
+def test_the_counting_sentence_counts_every_localized_head(tmp_path):
+    """Planted: four localized pairs (one more that is not), three through the battery: a firm capability, a weak
+    one, and a format-specific label at a pair whose rule misses its target. The sentence counts 4 localized, 3
+    tested, 2 capabilities of which 1 firm, names the miss and the untested one."""
+    verdict = [_pair("a"), _pair("b"), _pair("c"), _pair("d"), _pair("e", holds=False)]
+    bats = [_battery("a", "capability", 0.95, 0.9), _battery("b", "capability", 0.55, 0.9),
+            _battery("c", "format-specific", 0.545, 0.68)]
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"verdict": verdict, "pairs": []}))
+    (tmp_path / "01c_capability.record.json").write_text(json.dumps({"batteries": bats, "labels": []}))
+    so = bottom_line(Records(tmp_path))[-1]
+    assert so == ("**So:** of the 4 heads whose removal helps on held-out items, chapter 1c tested 3 and labels 2 of "
+                  "them a capability (1 firmly); the others: L1H2 (m / c) format-specific, weak. Its rule misses its "
+                  "own target at m / c (P(capability | a capability of gain 0.10) = 0.68 < 0.8): a label other than "
+                  "capability there is weak evidence against one; 1 untested.")
