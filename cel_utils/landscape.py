@@ -20,7 +20,7 @@ from .ablation import Ablation, Head, format_heads, parse_heads
 from .defaults import FDR, N_BOOT, POWER, POWER_GAIN
 from .joint import cross_task
 from .power import pipeline_power
-from .stats import bootstrap_mean, min_detectable_gain
+from .stats import bootstrap_mean, mcnemar_exact, min_detectable_gain
 from .tasks import Task
 from .verdict import Verdict, power_inputs
 
@@ -144,11 +144,13 @@ def verdict_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: float = POWER) -> dict:
+def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: float = POWER,
+              single: tuple[str, np.ndarray] | None = None) -> dict:
     """One verdict row for a joint search (:class:`cel_utils.joint.JointSearch`): the chosen set (chosen on
     the search and confirm splits), its held-out gain with CI and Holm-adjusted p, the selection-aware control's
     percentile, the worst change on another task (from :func:`cost_on_other_tasks`-shaped ``cost``), and the
-    minimum detectable gain of the confirmation (BH over the sizes confirmed)."""
+    minimum detectable gain of the confirmation (BH over the sizes confirmed); a chosen set of several heads is
+    compared with ``single`` (:func:`several_vs_one`)."""
     b = js.best
     mde = min_detectable_gain(js.n_confirm, fdr / max(len(b), 1), float(np.median(b["confirm_breaks"])) / js.n_confirm,
                               power)
@@ -171,29 +173,64 @@ def joint_row(js, cost: pd.DataFrame | None = None, fdr: float = FDR, power: flo
              f"a held-out gain at least as large (theirs: {', '.join(f'{g:+.3f}' for g in sorted(gains, reverse=True))}; a pool "
              f"that confirms nothing counts as 0; with {len(gains)} pools the smallest p-value this control could "
              f"give is {1 / (len(gains) + 1):.2f})" if len(gains) else "no random pool was run")
-    row.update(several_vs_one(js, r["chosen"]))
+    row.update(several_vs_one(js, r["chosen"], single))
     row["verdict"] = f"{js.run.sentence()}; {pools}" + row.pop("vs_sentence")
     return row
 
 
-def several_vs_one(js, chosen: str) -> dict:
-    """Does removing several help more than one? The chosen set against the pool's best single head on the same
-    held-out items: the paired difference in accuracy with its bootstrap 95% CI (``vs_single_*``; NaN for a
-    single head) and a clause saying it (``vs_sentence``)."""
+def several_vs_one(js, chosen: str, single: tuple[str, np.ndarray] | None = None) -> dict:
+    """Does removing several help more than one? The chosen set against a single head on the same held-out items:
+    ``single`` (a name and its held-out correctness, e.g. chapter 1a's chosen head: :func:`single_outcomes`),
+    else the pool's best single head by search. The paired difference in accuracy with its bootstrap 95% CI, the
+    exact McNemar test on the items where the two differ (``vs_single_p``), and a clause worded from that test:
+    more, less, or not shown to differ (a tie is a tie). NaN and "" for a single head.
+
+        >>> from types import SimpleNamespace
+        >>> from cel_utils.design import Design
+        >>> cmp = SimpleNamespace(names=["A+B"], results=SimpleNamespace(correct=np.array([[1, 1, 0, 1] * 10], bool)))
+        >>> js = SimpleNamespace(best=pd.DataFrame({"size": [2], "heads": ["A+B"]}),
+        ...                      run=SimpleNamespace(heldout_comparison=cmp, design=Design(n_boot=100)))
+        >>> several_vs_one(js, "A+B", ("C", np.array([1, 1, 1, 0] * 10, bool)))["vs_sentence"][-60:]
+        'shown to differ from removing C alone (a tie on these items)'
+    """
     out = {"vs_single": None, "vs_single_delta": np.nan, "vs_single_ci_low": np.nan, "vs_single_ci_high": np.nan,
-           "vs_sentence": ""}
+           "vs_single_p": np.nan, "vs_sentence": ""}
     b, cmp = js.best, js.run.heldout_comparison
-    ones = b[b["size"] == 1]["heads"].tolist()
-    if "+" not in chosen or not ones or cmp is None or not {chosen, ones[0]} <= set(cmp.names):
+    if "+" not in chosen or cmp is None or chosen not in cmp.names:
         return out
-    a, o = (cmp.results.correct[cmp.names.index(n)].astype(float) for n in (chosen, ones[0]))
-    d, lo, hi = bootstrap_mean(a - o, js.run.design.n_boot, js.run.design.seed)
-    out.update(vs_single=ones[0], vs_single_delta=d, vs_single_ci_low=lo, vs_single_ci_high=hi,
-               vs_sentence=f"; against the pool's best single head ({ones[0]}) on the same held-out items the set "
-                           f"changes accuracy by {d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired), so removing several "
-                           + ("helps more than removing one" if lo > 0 else "helps less than removing one" if hi < 0
-                              else "is not shown to help more than removing one"))
+    if single is None:
+        ones = [h for h in b[b["size"] == 1]["heads"].tolist() if h in cmp.names]
+        if not ones:
+            return out
+        single = (ones[0], cmp.results.correct[cmp.names.index(ones[0])])
+    name, o = single[0], np.asarray(single[1], bool)
+    a = np.asarray(cmp.results.correct[cmp.names.index(chosen)], bool)
+    d, lo, hi = bootstrap_mean(a.astype(float) - o, js.run.design.n_boot, js.run.design.seed)
+    p = float(mcnemar_exact([int((a & ~o).sum())], [int((~a & o).sum())])[0])
+    alpha = js.run.design.alpha
+    word = ("helps more than removing {} alone" if p < alpha and d > 0 else
+            "helps less than removing {} alone" if p < alpha and d < 0 else
+            "is not shown to differ from removing {} alone (a tie on these items)").format(name)
+    out.update(vs_single=name, vs_single_delta=d, vs_single_ci_low=lo, vs_single_ci_high=hi, vs_single_p=p,
+               vs_sentence=f"; against {name} alone on the same held-out items the set changes accuracy by "
+                           f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired; exact McNemar p = {p:.2g}), so removing "
+                           f"several {word}")
     return out
+
+
+def single_outcomes(rec, lm, js, heldout: Task, mode="zero") -> tuple[str, np.ndarray] | None:
+    """Chapter 1a's chosen head for the joint search's pair (its single-head verdict, chosen before any held-out
+    test) with its correctness on ``heldout`` (the joint search's own held-out items); None when 1a chose none."""
+    from .engine import evaluate
+    from .scoring import encode_task
+
+    v = rec.verdicts()
+    row = v[(v.model == js.model) & (v.task == js.task)] if len(v) else v
+    head = row["chosen"].iloc[0] if len(row) else None
+    if not isinstance(head, str) or not head:
+        return None
+    r = evaluate(lm, encode_task(lm, heldout), parse_heads(head), mode=mode)
+    return head, r.correct[0].astype(bool)
 
 
 def design_table(v: Verdict, n_draws=(16, 32, 64, 128), top_ks=(5, 10), n_sim: int = 1000) -> pd.DataFrame:

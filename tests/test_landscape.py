@@ -5,6 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tests.oracles import mcnemar_p
+
 from cel_utils.landscape import power_check, rank_stability
 
 
@@ -65,5 +67,18 @@ def test_several_vs_one_is_the_paired_difference_with_the_best_single_head():
     by_hand = (pair.sum() - single.sum()) / 120
     assert out["vs_single"] == "L1H0" and out["vs_single_delta"] == pytest.approx(by_hand)
     assert 0 < out["vs_single_ci_low"] < by_hand < out["vs_single_ci_high"]
-    assert "helps more than removing one" in out["vs_sentence"]
+    assert "helps more than removing L1H0 alone" in out["vs_sentence"]
     assert several_vs_one(js, "L1H0")["vs_sentence"] == ""
+    # chapter 1a's chosen head given: the set against it, worded from the exact test on the items they differ on
+    better = pair | (rng.random(120) < 0.3)                     # a single head that fixes more than the set
+    out = several_vs_one(js, "L1H0+L2H3", ("L0H7", better))
+    f, b = int((pair & ~better).sum()), int((~pair & better).sum())
+    assert out["vs_single"] == "L0H7" and out["vs_single_p"] == pytest.approx(mcnemar_p(f, b))
+    assert out["vs_single_delta"] == pytest.approx((f - b) / 120) and out["vs_single_delta"] < 0
+    assert "helps less than removing L0H7 alone" in out["vs_sentence"]
+    # a tie: the set and the head differ on two items, one each way (the old wording said "more" on a CI)
+    tie = pair.copy()
+    i, j = np.flatnonzero(pair)[0], np.flatnonzero(~pair)[0]
+    tie[i], tie[j] = False, True
+    out = several_vs_one(js, "L1H0+L2H3", ("L0H7", tie))
+    assert out["vs_single_delta"] == 0 and "is not shown to differ from removing L0H7 alone (a tie" in out["vs_sentence"]
