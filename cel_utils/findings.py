@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .defaults import LABEL_FIRM, OC_TARGET_CAPABILITY, POWER_GAIN, ROOM_BAND
+from .defaults import ALPHA, LABEL_FIRM, OC_TARGET_CAPABILITY, POWER_GAIN, ROOM_BAND
 from .records import Records
 
 
@@ -174,6 +174,33 @@ def so_line(rec: Records, v: pd.DataFrame) -> str:
     return out + (f"; {untested} untested." if untested else ".")
 
 
+def dose_line(dose: pd.DataFrame) -> str:
+    """Chapter 2b's dose curves in one sentence, each word from the graded items' exact test: which dose the choose
+    items pick, and whether it beats removal, loses to it, or ties with it (McNemar p at least ALPHA: a tie).
+
+        >>> d = pd.DataFrame({"model": ["a", "b"], "heads": ["L1H1", "L2H2"], "chosen_alpha": [-0.5, -0.5],
+        ...                   "best_minus_removal": [0.0, 0.01], "ci_low": [0.0, -0.02], "ci_high": [0.0, 0.04],
+        ...                   "p_value": [1.0, 0.6]})
+        >>> print(dose_line(d))
+        - **Dose.** Of 2 dose curves (chapter 2's chosen sets; their heads alone where traced), the choose items pick removal (alpha = 0) for 0 and another dose for 2; on the graded items no dose beats removal: a L1H1 at alpha = -0.5 ties with it (+0.000 [+0.000, +0.000]), b L2H2 at alpha = -0.5 ties with it (+0.010 [-0.020, +0.040]).
+    """
+    removal = int((dose.chosen_alpha == 0).sum())
+    other = dose[dose.chosen_alpha != 0]
+    sig = other.p_value < ALPHA
+    better, worse, tie = other[sig & (other.best_minus_removal > 0)], other[sig & (other.best_minus_removal < 0)], \
+        other[~sig]
+    say = lambda g, verb: ", ".join(f"{x.model} {x.heads} at alpha = {x.chosen_alpha:g} {verb} "  # noqa: E731
+                                    f"({x.best_minus_removal:+.3f} [{x.ci_low:+.3f}, {x.ci_high:+.3f}])"
+                                    for x in g.itertuples())
+    parts = [say(better, "beats it"), say(worse, "loses to it"), say(tie, "ties with it")]
+    head = (f"- **Dose.** Of {len(dose)} dose curves (chapter 2's chosen sets; their heads alone where traced), the "
+            f"choose items pick removal (alpha = 0) for {removal} and another dose for {len(other)}")
+    if not len(other):
+        return head + "."
+    return (head + f"; on the graded items {'no dose beats removal' if better.empty else 'a dose beats removal'}: "
+            + ", ".join(p for p in parts if p) + ".")
+
+
 def remove_scale_boost(rec: Records) -> list[str]:
     """Chapter 2b in three computed sentences (markdown lines): the dose, boosting against removal, the per-item
     ceiling; empty when chapter 2b has not run."""
@@ -183,15 +210,7 @@ def remove_scale_boost(rec: Records) -> list[str]:
     lines = []
     dose = pd.DataFrame(r.get("dose", []))
     if len(dose):
-        removal = int((dose.chosen_alpha == 0).sum())
-        better = dose[(dose.chosen_alpha != 0) & (dose.p_value < 0.05) & (dose.best_minus_removal > 0)]
-        lines.append(f"- **Dose.** Of {len(dose)} dose curves (chapter 2's chosen sets; their heads alone where "
-                     f"traced), the choose "
-                     f"items pick removal (alpha = 0) for {removal}; another dose beats removal on the graded items "
-                     f"(McNemar p < 0.05) for {len(better)}"
-                     + (": " + ", ".join(f"{x.model} {x.heads} at alpha = {x.chosen_alpha:g} "
-                                         f"({x.best_minus_removal:+.3f})" for x in better.itertuples())
-                        if len(better) else "") + ".")
+        lines.append(dose_line(dose))
     boost = pd.DataFrame(r.get("boost_table", []))
     if len(boost):
         parts = []

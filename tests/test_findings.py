@@ -59,3 +59,21 @@ def test_the_counting_sentence_counts_every_localized_head(tmp_path):
                   "them a capability (1 firmly); the others: L1H2 (m / c) format-specific, weak. Its rule misses its "
                   "own target at m / c (P(capability | a capability of gain 0.10) = 0.68 < 0.8): a label other than "
                   "capability there is weak evidence against one; 1 untested.")
+
+
+def test_the_dose_sentence_says_tie_where_the_test_cannot_tell():
+    """Planted: one dose that beats removal (p < 0.05, gain above), one that loses, one tie (p >= 0.05); removal
+    chosen for a fourth. The sentence says which is which; no tie is called better."""
+    import pandas as pd
+
+    from cel_utils.findings import dose_line
+
+    d = pd.DataFrame({"model": ["a", "b", "c", "d"], "heads": ["L1H1", "L2H2", "L3H3", "L4H4"],
+                      "chosen_alpha": [-0.5, 0.5, -0.5, 0.0], "best_minus_removal": [0.05, -0.04, 0.02, 0.0],
+                      "ci_low": [0.02, -0.07, -0.01, 0.0], "ci_high": [0.08, -0.01, 0.05, 0.0],
+                      "p_value": [0.01, 0.02, 0.30, 1.0]})
+    line = dose_line(d)
+    assert "pick removal (alpha = 0) for 1 and another dose for 3" in line
+    assert "a dose beats removal: a L1H1 at alpha = -0.5 beats it (+0.050" in line
+    assert "b L2H2 at alpha = 0.5 loses to it" in line and "c L3H3 at alpha = -0.5 ties with it" in line
+    assert "no dose beats removal" in dose_line(d.iloc[1:])
