@@ -332,3 +332,20 @@ def test_collateral_curve_is_zero_at_one_and_removal_at_zero(lm):
     zero = text_nll(lm, {"s": [(0, 1), (1, 0)]}, 200, chunk=64, n_boot=100)["sets"]["s"]
     assert t.set_index("alpha").loc[0.0, "nll_delta"] == pytest.approx(zero["text_nll_delta"], abs=1e-6)
     assert abs(t.set_index("alpha").loc[2.0, "nll_delta"]) > 1e-4
+
+
+def test_what_per_item_choice_adds_over_the_static_set_has_its_own_interval():
+    """Planted: 60 wrong items; the oracle fixes 45, the static set 30 of them (all inside the oracle's): oracle
+    minus static is 15/60 by hand, inside an item-bootstrap CI that excludes 0; a static set that fixes what the
+    oracle fixes adds nothing, with a CI of zero width."""
+    base = np.zeros(60, bool)
+    heads = np.zeros((3, 60), bool)
+    heads[0, :20], heads[1, 15:45], heads[2, 40:45] = True, True, True          # together: items 0..44
+    static = np.zeros(60, bool)
+    static[:30] = True
+    c = dose.per_item_ceiling(base, heads, n_perm=50, static_correct=static)
+    assert c["oracle"] == 0.75 and c["static"] == 0.5
+    assert c["oracle_minus_static"] == pytest.approx(15 / 60)
+    assert 0 < c["oms_low"] < 15 / 60 < c["oms_high"]
+    c = dose.per_item_ceiling(base, heads, n_perm=50, static_correct=heads.any(axis=0))
+    assert c["oracle_minus_static"] == c["oms_low"] == c["oms_high"] == 0
