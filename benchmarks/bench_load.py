@@ -18,8 +18,8 @@ import sys
 import time
 
 WORK = {
-    "toy": "from cel_utils import theory\n"
-           "theory.sweep(sigmas=[1e-4, 1e-2], heads=[4], n_seeds=20, steps=3000, lr=0.5)\n",
+    "toy": "from cel_utils import theory\n"      # chapter 3's sweep at its head counts, fewer scales and steps
+           "theory.sweep(sigmas=[1e-4, 1e-2, 0.3], heads=[2, 4, 8], n_seeds=20, steps=2000, lr=0.5)\n",
     "screen": "from cel_utils.models import load_model\nfrom cel_utils.engine import evaluate_head_sets\n"
               "from cel_utils.scoring import encode_task\nfrom cel_utils.tasks import load_task\n"
               "lm = load_model('smollm2-135m')\nenc = encode_task(lm, load_task('sentiment_1shot', n=16))\n"

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import cache, hooks
+from . import cache, hooks, threads
 from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
 from .errors import CELError
@@ -378,7 +378,9 @@ def stats_at(lm, enc: EncodedTask, hidden: torch.Tensor, rows: torch.Tensor, pos
 
 def read_batch(lm, enc: EncodedTask, seqs: list[int], P: int = 0) -> ReadBatch:
     """Input sequences ``seqs`` of a task (their tokens after the first ``P``, the shared prefix), right-padded on
-    the model's device, with the reads they hold: which batch row, which position, which token."""
+    the model's device, with the reads they hold: which batch row, which position, which token. Every batch of
+    the engine starts here, so torch's threads are re-chosen here (:func:`cel_utils.threads.adapt`)."""
+    threads.adapt()
     dev = lm.device
     ids, att = hooks.pad_right([enc.inputs[i][P:] for i in seqs], hooks.pad_id(lm))
     reads = enc.reads_of(seqs)

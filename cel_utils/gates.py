@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from . import threads
 from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import backprop_mean_margin
 from .defaults import (GATE_BATCH, GATE_INITS, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS, GATE_TEMPERATURE,
@@ -310,6 +311,7 @@ def _one_run(lm, run: int, penalty: float, init: float, step_encs: list, ablatio
     log_alpha = torch.full((L, H), float(init), dtype=torch.float32, requires_grad=True)
     opt = SharedAdam(log_alpha, lr=s.lr)
     for step, enc in enumerate(step_encs):
+        threads.adapt()
         u = torch.rand((L, H), generator=gen).clamp(1e-6, 1 - 1e-6)  # [layer, head]
         log_alpha.grad = None
         gate = lambda l: sample_gates(log_alpha[l], u[l], s.temperature).to(lm.device)  # noqa: E731

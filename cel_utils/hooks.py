@@ -48,6 +48,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from . import threads
 from .errors import CELError
 
 
@@ -270,8 +271,10 @@ def skip_layers_below(lm, layer: int, residual: torch.Tensor | None):
     tests): the base model calls the entries of its decoder-layer list in order, passing the hidden states
     as the first argument (or ``hidden_states=``), and uses a layer's return value, a tensor, as the next
     layer's input. Rotary embeddings, masks and caches are computed outside the layers, so they are the same
-    as in a full pass. The original layers are always put back.
+    as in a full pass. The original layers are always put back. Every forward of the engine passes here, so
+    torch's threads are re-chosen here (:func:`cel_utils.threads.adapt`).
     """
+    threads.adapt()
     layers = decoder_layers(lm)
     originals = [layers[j] for j in range(layer)]
     try:
@@ -345,6 +348,7 @@ def padded_batches(lm, seqs: Sequence[Sequence[int]], batch_size: int = 16
     """``(start, ids, attention_mask)`` for consecutive batches of ``seqs``, right-padded, on the model's device."""
     pad, dev = pad_id(lm), lm.device
     for b in range(0, len(seqs), batch_size):
+        threads.adapt()                          # torch's threads: the cores other processes leave free
         ids, att = pad_right(seqs[b:b + batch_size], pad)
         yield b, ids.to(dev), att.to(dev)
 

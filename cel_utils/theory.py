@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from . import threads
 from .defaults import THEORY_EFFECT, TOY_DISTRACTORS, TOY_RHO, progress_enabled
 
 
@@ -327,6 +328,7 @@ def train(n_heads: int = 4, sigma=1e-4, seeds=(0,), steps: int = 4000, lr: float
                                                                     "seeds": run_seeds, "value": value})
 
 
+@threads.one_thread
 def descend(P: Params, names: list[str], setup: Setup, steps: int, lr: float, record_every: int = 20,
             meta: dict | None = None) -> Run:
     """Full-batch gradient descent on the population loss of ``P``'s parameters ``names`` (changed in place);

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from . import threads
 from .defaults import TOY_DISTRACTORS, TOY_RHO, TOYNET_EFFECT, TOYNET_STEPS, progress_enabled
 from .rival import combine, kind_of, reading, share_ci
 from .tiny import char_tokenizer
@@ -287,6 +288,7 @@ def train(attention: str = "softmax", seeds=range(20), scales=(1.0,), steps: int
             len(runs), batch).mean(-1)
         opt.zero_grad()
         loss.sum().backward()
+        threads.adapt()
         if null is not None:
             P["embed"].grad[:, null] = 0.0
         opt.step()

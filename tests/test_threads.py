@@ -1,0 +1,53 @@
+"""torch's threads chosen by measurement (cel_utils.threads): readings of the CPU's use planted, never the clock's."""
+
+import pytest
+import torch
+
+from cel_utils import threads
+
+
+@pytest.fixture()
+def clock(monkeypatch):
+    """A planted clock and planted /proc readings: ``feed(seconds, busy_ticks, own_ticks)`` then ``threads.adapt()``."""
+    state = {"t": 100.0, "reading": None}
+    monkeypatch.setattr(threads.time, "monotonic", lambda: state["t"])
+    monkeypatch.setattr(threads, "_read", lambda: state["reading"])
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)
+    monkeypatch.delenv("CEL_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_state", {})
+    before = torch.get_num_threads()
+
+    def feed(dt, busy, own):
+        state["t"] += dt
+        state["reading"] = (busy, own)
+        return threads.adapt()
+
+    yield feed
+    torch.set_num_threads(before)
+
+
+def test_threads_follow_the_cores_others_leave_free(clock):
+    torch.set_num_threads(2)
+    assert clock(0, 0, 0) == 2                     # the first call only takes a reading
+    assert clock(4, 800, 600) == 1                 # 4 s: 8 busy core-seconds, 6 ours: others held half a core
+    assert clock(1, 1000, 700) == 1                # too soon: no new reading, the threads stay
+    assert clock(3, 1600, 1000) == 1               # others kept a whole core while we had one
+    assert clock(4, 2400, 1750) == 2               # the other process is gone: others 0.125 of a core
+
+
+def test_a_fixed_number_wins(clock, monkeypatch):
+    monkeypatch.setenv("CEL_THREADS", "1")
+    torch.set_num_threads(2)
+    assert clock(0, 0, 0) == 1 and torch.get_num_threads() == 1
+
+
+def test_the_toys_descent_runs_on_one_thread_and_gives_it_back(monkeypatch):
+    from cel_utils import theory
+
+    seen = []
+    original = theory.head_attention
+    monkeypatch.setattr(theory, "head_attention", lambda *a, **k: seen.append(torch.get_num_threads()) or original(*a, **k))
+    torch.set_num_threads(2)
+    theory.train(n_heads=2, steps=3)
+    assert set(seen) == {1} and torch.get_num_threads() == 2
