@@ -26,6 +26,7 @@ import time
 import torch
 
 EVERY = 2.0          # seconds between readings of the CPU's use
+FIRST_LOOK = 0.1     # seconds of the first reading (this process idle meanwhile)
 MARGIN = 0.3         # a core counts as free while others use less than 1 - MARGIN of it
 _state: dict = {}
 
@@ -63,7 +64,8 @@ def cores() -> int:
 
 def adapt() -> int:
     """Set torch's intra-op threads to the cores other processes leave free (at most every :data:`EVERY` s; the
-    first call only takes a reading). Returns the threads in use. ``CEL_THREADS=N`` fixes them at N."""
+    first call of a process looks for :data:`FIRST_LOOK` s). Returns the threads in use. ``CEL_THREADS=N`` fixes
+    them at N."""
     fixed = os.environ.get("CEL_THREADS", "")
     if fixed.isdigit() and int(fixed) > 0:
         if torch.get_num_threads() != int(fixed):
@@ -72,10 +74,14 @@ def adapt() -> int:
     now = time.monotonic()
     if now - _state.get("t", -1e9) < EVERY:
         return torch.get_num_threads()
+    if "reading" not in _state:              # the first call: a short look, so that the first forward is right
+        _state.update(t=now, reading=_read())
+        time.sleep(FIRST_LOOK)
+        now = time.monotonic()
     reading, last = _read(), _state.get("reading")
     if reading is not None and last is not None:
         hz = os.sysconf("SC_CLK_TCK")
-        others = max(0.0, ((reading[0] - last[0]) - (reading[1] - last[1])) / hz / (now - _state["t"]))
+        others = max(0.0, ((reading[0] - last[0]) - (reading[1] - last[1])) / hz / max(now - _state["t"], 1e-3))
         n = threads_for(cores(), others)
         if n != torch.get_num_threads():
             torch.set_num_threads(n)

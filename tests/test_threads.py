@@ -14,6 +14,7 @@ def clock(monkeypatch):
     monkeypatch.setattr(threads, "_read", lambda: state["reading"])
     monkeypatch.setattr(threads, "cores", lambda: 2)
     monkeypatch.setattr(threads.os, "sysconf", lambda name: 100)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
     monkeypatch.delenv("CEL_THREADS", raising=False)
     monkeypatch.setattr(threads, "_state", {})
     before = torch.get_num_threads()
@@ -29,7 +30,7 @@ def clock(monkeypatch):
 
 def test_threads_follow_the_cores_others_leave_free(clock):
     torch.set_num_threads(2)
-    assert clock(0, 0, 0) == 2                     # the first call only takes a reading
+    assert clock(0, 0, 0) == 2                     # the first look (the planted clock stands still): nobody busy
     assert clock(4, 800, 600) == 1                 # 4 s: 8 busy core-seconds, 6 ours: others held half a core
     assert clock(1, 1000, 700) == 1                # too soon: no new reading, the threads stay
     assert clock(3, 1600, 1000) == 1               # others kept a whole core while we had one
