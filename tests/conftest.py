@@ -86,12 +86,17 @@ def one_thread_for_tiny_models(request):
     if request.node.get_closest_marker("real") or request.node.get_closest_marker("notebook"):
         yield
         return
-    before = torch.get_num_threads()
+    before, fixed = torch.get_num_threads(), os.environ.get("CEL_THREADS")
     torch.set_num_threads(1)
+    os.environ["CEL_THREADS"] = "1"      # cel_utils.threads would otherwise re-choose between forwards
     try:
         yield
     finally:
         torch.set_num_threads(before)
+        if fixed is None:
+            os.environ.pop("CEL_THREADS", None)
+        else:
+            os.environ["CEL_THREADS"] = fixed
 
 
 # ---- the book: every chapter executed once per session, shared by test_book_records, test_book_pages and
