@@ -314,7 +314,7 @@ def cmd_export(args):
     import shlex
 
     from .ablation import Ablation, check_head_spec, parse_heads
-    from .export import check_exportable, check_target, export_model, task_means
+    from .export import MODES, check_exportable, check_target, export_model, task_means
     from .models import load_model
 
     check_head_spec(args.heads.replace("+", ","))
@@ -325,8 +325,9 @@ def cmd_export(args):
             raise CELError(f"--mode {mode} needs {flag} ({what})")
         if args.mode != mode and value is not None:
             raise CELError(f"{flag} goes with --mode {mode} only ({what}); this export is --mode {args.mode}")
-    if args.mode not in ("zero", "scale", "mean"):
-        raise CELError(f"cannot export {args.mode} ablation: cel export takes --mode zero, scale or mean")
+    if args.mode not in MODES:
+        raise CELError(f"cannot export {args.mode} ablation: cel export takes --mode {', '.join(MODES[:-1])} or "
+                       f"{MODES[-1]}")
     ablation = Ablation.of(args.mode, alpha=args.alpha)
     check_target(args.out, args.force)
     record = None

@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 
 from . import __version__, hooks
-from .ablation import Ablation, Head, format_set
+from .ablation import Ablation, Head, format_set, parse_heads
 from .errors import CELError
 from .models import BUILTIN_MODELS, write_folder
 
@@ -65,10 +65,7 @@ def check_exportable(lm, heads: Sequence[Head], ablation: Ablation, need_means: 
         raise CELError("cannot export per-set or per-head factors: give one --alpha")
     if not heads:
         raise CELError("no heads to export: name at least one head (e.g. L14H8)")
-    for layer, head in heads:
-        if not (0 <= layer < lm.n_layers and 0 <= head < lm.n_heads):
-            raise CELError(f"head L{layer}H{head} out of range: the model has {lm.n_layers} layers x {lm.n_heads} "
-                           f"heads (L0H0..L{lm.n_layers - 1}H{lm.n_heads - 1})")
+    parse_heads(heads, lm.n_layers, lm.n_heads)          # the range check every head spec gets
     if ablation.mode == "mean":
         if hooks.arch(lm).out_bias is None:
             raise CELError(f"cannot export mean ablation for the {lm.family} family: its output projection has no "
