@@ -27,7 +27,7 @@ import torch
 
 EVERY = 2.0          # seconds between readings of the CPU's use
 FIRST_LOOK = 0.1     # seconds of the first reading (this process idle meanwhile)
-MARGIN = 0.3         # a core counts as free while others use less than 1 - MARGIN of it
+MARGIN = 0.3         # a core counts as free while others use less than MARGIN of it
 _state: dict = {}
 
 
