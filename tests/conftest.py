@@ -14,6 +14,12 @@ import tempfile  # noqa: E402
 os.environ["CEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cel_cache_")
 atexit.register(shutil.rmtree, os.environ["CEL_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("CEL_MODELS_DIR", str(Path.home() / ".cache" / "cel_utils" / "models"))
+# one fixed thread count for the whole session (inherited by the kernels): cel_utils.threads would otherwise choose
+# it by what else the CPU is doing, and a sum split over a different number of threads can differ in its last bit,
+# so two runs that a test compares bit for bit could differ (CI failed once on that: an lm-eval run with mode=scale,
+# alpha=0 against one with mode=zero, 4e-6 apart). threads.adapt itself is tested on planted /proc readings.
+os.environ.setdefault("CEL_THREADS", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                         else os.cpu_count() or 1))
 
 from cel_utils.tiny import FAMILY_CONFIGS, tiny_model  # noqa: E402
 
