@@ -57,6 +57,7 @@ class RobustSettings:
     brief_sets: tuple = ()              # sets whose battery stops at the formats when they decide the label
     label_boot: int = LABEL_BOOT        # item resamples of each label's bootstrap distribution
     oc_sims: int = OC_SIMS              # planted heads per truth in the operating characteristics (0: none)
+    null_set: str | None = None         # a real null head: the semi-synthetic row plants fixes into its outcomes
 
 
 def battery_items(task_name: str, s: RobustSettings) -> Task:
@@ -232,15 +233,20 @@ def pair_operating(outs: dict[str, Outcomes], s: RobustSettings, name: str) -> p
     """The label rule's operating characteristics on this pair's items (:func:`cel_utils.operating.
     operating_characteristics`), with the per-item spread of the set being labelled, ``name``: its change in margin
     in the task's own format (an earlier version took the first set of ``outs``, which is a stopped-early set when
-    there is one, so another set's noise went into every label's operating characteristics)."""
+    there is one, so another set's noise went into every label's operating characteristics), and its text cost's
+    per-chunk spread; with ``s.null_set`` among ``outs``, the semi-synthetic row planted into that head's outcomes."""
     if s.oc_sims <= 0 or name not in outs:
         return None
     o = outs[name]
     b0, a0 = o.margins["default"]
     tau = float(np.std(a0 - b0, ddof=1)) or 1.0
     base = Outcomes({f: (b, b) for f, (b, _) in o.margins.items()},
-                    generation=None if o.generation is None else (o.generation[0], o.generation[0]), signs=o.signs)
-    return operating_characteristics(base, tau=tau, n_sim=s.oc_sims, seed=s.seed)
+                    generation=None if o.generation is None else (o.generation[0], o.generation[0]), signs=o.signs,
+                    nll=o.nll)
+    real = outs.get(s.null_set) if s.null_set else None
+    if real is not None and real.generation is None and o.generation is not None:
+        real = replace(real, generation=(o.generation[0], o.generation[0]))   # a stopped-early null: no generation run
+    return operating_characteristics(base, tau=tau, n_sim=s.oc_sims, seed=s.seed, real=real)
 
 
 def readings(b: Battery) -> dict:

@@ -74,7 +74,8 @@ def oc_misses(b: dict) -> float | None:
     oc = pd.DataFrame(b.get("operating_characteristics") or [])
     if oc.empty:
         return None
-    p = float(oc.set_index("truth").loc["capability", "capability"])
+    # the Gaussian and the semi-synthetic row (truths "capability", "capability (semi-synthetic)"): the lower
+    p = float(oc[oc["truth"].str.startswith("capability")]["capability"].min())
     return p if p < OC_TARGET_CAPABILITY else None
 
 

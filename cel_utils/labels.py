@@ -20,16 +20,21 @@ check                  estimate (per item, paired; a t interval from ``scipy.sta
                        0 when the gain does not survive
 ``generation``         the change in accuracy in free generation (exact-match tasks)
 ``teacher_forcing``    teacher-forced minus free-generation change (holds: above 0 with no gain in generation)
-``label_shift``        two-class tasks: per class, the change in margin; holds when one class rises and the
-                       other falls (both CIs away from 0), fails when both rise
+``label_shift``        two-class tasks: per class, the change in margin, and the *balance*: the falling class's
+                       loss minus half the rising class's gain (Welch interval, the classes are other items). A
+                       shift toward one label moves every margin alike, up in one class and down in the other, so
+                       the balance is about half the gain; fixes of errors that sit in one class raise that class
+                       and leave the other. Holds when one class rises, the other falls and the balance lies above
+                       0; fails when both rise or the balance lies below 0 (lopsided: not a shift)
 ``cost``               the change in NLL per token on general text (holds: above ``COLLATERAL_NLL``, or a
                        significant loss on another task; fails: below it and no such loss)
 =====================  ===========================================================================================
 
 :func:`label`, in order: ``no effect`` (the gain's CI lies below ``NO_EFFECT``: no gain that large, or a loss),
 ``inconclusive`` (no gain shown), ``format-specific``, ``label shift``, ``offset``, ``teacher-forcing only``,
-``costly``, ``capability`` (transfer, survives, a gain in free generation where it applies, and a cost shown below
-the threshold), else ``inconclusive``. :func:`label_distribution` resamples the items and reads the label again.
+``costly``, ``capability`` (transfer, survives, a gain in free generation where it applies, a cost shown below
+the threshold and, on a two-class task, a label shift ruled out), ``shift or capability`` (all of that, but the
+items cannot tell a label shift from fixes of errors that sit in one class), else ``inconclusive``. :func:`label_distribution` resamples the items and reads the label again.
 
 Example:
     >>> rng = np.random.default_rng(0)
@@ -50,7 +55,7 @@ from .defaults import ALPHA, COLLATERAL_NLL, NO_EFFECT, ROOM
 
 HOLDS, FAILS, UNKNOWN = "holds", "fails", "cannot tell"
 LABELS = ("capability", "format-specific", "label shift", "offset", "teacher-forcing only", "costly", "no effect",
-          "inconclusive")
+          "shift or capability", "inconclusive")
 
 
 @dataclass
@@ -108,6 +113,30 @@ def mean_ci(d: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
     if len(d) < 2 or np.ptp(d) == 0:
         return point, point, point
     half = float(stdtrit(len(d) - 1, 1 - alpha / 2) * d.std(ddof=1) / np.sqrt(len(d)))
+    return point, point - half, point + half
+
+
+def welch_ci(x: np.ndarray, y: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
+    """``mean(x) - mean(y)`` of two independent samples with its Welch t interval (Welch-Satterthwaite degrees of
+    freedom): the interval ``scipy.stats.ttest_ind(x, y, equal_var=False).confidence_interval`` gives (a test
+    checks they agree), written out for the same reason as :func:`mean_ci`. Samples of fewer than 2 give an
+    interval from -inf to inf; two constant samples one of zero width.
+
+    Example:
+        >>> [round(v, 3) for v in welch_ci(np.array([1.0, 2.0, 3.0]), np.array([0.0, 1.0, 0.0, 1.0]))]
+        [1.5, -0.554, 3.554]
+    """
+    from scipy.special import stdtrit
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if len(x) < 2 or len(y) < 2:
+        return float(x.mean() - y.mean()) if len(x) and len(y) else float("nan"), -np.inf, np.inf
+    point = float(x.mean() - y.mean())
+    vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    if vx + vy == 0:
+        return point, point, point
+    df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
+    half = float(stdtrit(df, 1 - alpha / 2) * np.sqrt(vx + vy))
     return point, point - half, point + half
 
 
@@ -195,11 +224,16 @@ def _label_shift_check(o: Outcomes, alpha: float) -> dict:
     opposite = (up["reading"] == HOLDS and down["reading"] == FAILS) or (up["reading"] == FAILS and
                                                                          down["reading"] == HOLDS)
     both_up = up["reading"] == HOLDS and down["reading"] == HOLDS
+    rise = 1 if (up["estimate"] or 0) >= (down["estimate"] or 0) else -1    # the class whose margins rise more
+    est, lo, hi = welch_ci(-(a0 - b0)[s == -rise], 0.5 * (a0 - b0)[s == rise], alpha)
+    balance = {"estimate": est, "ci_low": lo, "ci_high": hi, "rising_class": f"{rise:+d}",
+               "reading": HOLDS if lo > 0 else FAILS if hi < 0 else UNKNOWN}
     shift = float(np.mean((a0 - b0) * s))   # the head's own shift toward class +1, fitted to its margin changes
     gain = float(_right(b0 + shift * s).mean() - _right(b0).mean())
+    reading = HOLDS if opposite and balance["reading"] == HOLDS else \
+        FAILS if both_up or balance["reading"] == FAILS else UNKNOWN
     return {"label_shift": {"estimate": shift, "reproduced_gain": gain, "per_class": {"+1": up, "-1": down},
-                            "reading": HOLDS if opposite else FAILS if both_up else UNKNOWN, "on": "margin",
-                            "n": int(len(s))}}
+                            "balance": balance, "reading": reading, "on": "margin", "n": int(len(s))}}
 
 
 def _cost_check(o: Outcomes, alpha: float) -> dict:
@@ -245,7 +279,9 @@ def label(c: dict) -> str:
     needs = [reads(c, "transfer", HOLDS), reads(c, "survives", HOLDS), reads(c, "cost", FAILS)]
     if "generation" in c:
         needs.append(reads(c, "generation", HOLDS))
-    return "capability" if all(needs) else "inconclusive"
+    if not all(needs):
+        return "inconclusive"
+    return "shift or capability" if "label_shift" in c and not reads(c, "label_shift", FAILS) else "capability"
 
 
 def label_distribution(o: Outcomes, n_boot: int = 200, seed: int = 0, alpha: float = ALPHA) -> dict[str, float]:

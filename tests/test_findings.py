@@ -77,3 +77,16 @@ def test_the_dose_sentence_says_tie_where_the_test_cannot_tell():
     assert "a dose beats removal: a L1H1 at alpha = -0.5 beats it (+0.050" in line
     assert "b L2H2 at alpha = 0.5 loses to it" in line and "c L3H3 at alpha = -0.5 ties with it" in line
     assert "no dose beats removal" in dose_line(d.iloc[1:])
+
+
+def test_the_rule_misses_its_target_where_the_semi_synthetic_row_falls_short(tmp_path):
+    """The rule's power is the lower of the Gaussian row and the semi-synthetic row (fixes planted in a real null
+    head's outcomes): a pair at 0.95 and 0.60 misses its target, and the page says so with 0.60."""
+    verdict = [_pair("a")]
+    bat = _battery("a", "capability", 0.9, 0.95)
+    bat["operating_characteristics"].append({"truth": "capability (semi-synthetic)", "capability": 0.60})
+    bat["operating_characteristics"].append({"truth": "near-threshold capability", "capability": 0.30})
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"verdict": verdict, "pairs": []}))
+    (tmp_path / "01c_capability.record.json").write_text(json.dumps({"batteries": [bat], "labels": []}))
+    so = bottom_line(Records(tmp_path))[-1]
+    assert "P(capability | a capability of gain 0.10) = 0.60 < 0.8" in so

@@ -97,3 +97,51 @@ def test_formats_without_room_do_not_count():
 def test_the_label_distribution_covers_every_label():
     d = label_distribution(_outcomes({f: 1.0 for f in ("default", "a", "b", "c")}), n_boot=50)
     assert set(d) == set(LABELS) and sum(d.values()) == pytest.approx(1.0) and d["capability"] > 0.9
+
+
+def test_welch_ci_is_scipys_welch_interval():
+    from scipy.stats import ttest_ind
+
+    from cel_utils.labels import welch_ci
+
+    rng = np.random.default_rng(4)
+    for nx, ny, sx, sy in ((5, 9, 1.0, 3.0), (40, 12, 0.2, 0.05), (200, 200, 1.0, 1.0)):
+        x, y = rng.normal(0.3, sx, nx), rng.normal(0, sy, ny)
+        want = ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+        got = welch_ci(x, y, 0.05)
+        assert got[0] == pytest.approx(x.mean() - y.mean())
+        assert got[1:] == pytest.approx((want.low, want.high), rel=1e-9)
+    assert welch_ci(np.ones(4), np.zeros(3)) == (1.0, 1.0, 1.0)
+    assert welch_ci(np.ones(1), np.zeros(3))[1:] == (-np.inf, np.inf)
+
+
+def _two_class(change_pos, change_neg, n=200):
+    """Margins of a two-class task whose ablation changes class +1's margins by ``change_pos`` and class -1's by
+    ``change_neg`` (each with its own noise)."""
+    rng = np.random.default_rng(6)
+    signs = np.where(np.arange(n) % 2 == 0, 1, -1)
+    b = rng.normal(0.5, 1.5, n)
+    d = np.where(signs == 1, change_pos + rng.normal(0, 1.0, n), change_neg + rng.normal(0, 0.3, n))
+    return Outcomes.of({"default": (b, b + d)}, signs=signs)
+
+
+def test_the_label_shift_check_tells_a_shift_from_a_lopsided_change():
+    """A shift moves both classes alike (holds); a change as lopsided as Gemma L10H1's (+1.54 in one class, -0.20
+    in the other: the other class moves by far less than half) is no shift (fails), though both classes' CIs lie
+    away from 0 in opposite directions, which was all the check used to ask."""
+    shift = checks(_two_class(1.0, -1.0))["label_shift"]
+    assert shift["reading"] == "holds" and shift["balance"]["reading"] == "holds"
+    lop = checks(_two_class(1.54, -0.20))["label_shift"]
+    assert lop["per_class"]["+1"]["reading"] == "holds" and lop["per_class"]["-1"]["reading"] == "fails"
+    assert lop["balance"]["reading"] == "fails" and lop["reading"] == "fails"
+    near = checks(_two_class(1.54, -0.20, n=12))["label_shift"]   # few items: the balance cannot tell
+    assert near["reading"] != "holds"
+
+
+def test_capability_needs_a_label_shift_ruled_out_on_two_class_tasks():
+    c = {"effect": {"reading": "holds"}, "transfer": {"reading": "holds"}, "survives": {"reading": "holds"},
+         "cost": {"reading": "fails"}}
+    assert label(c) == "capability"                                         # not a two-class task
+    assert label(dict(c, label_shift={"reading": "fails"})) == "capability"
+    assert label(dict(c, label_shift={"reading": "cannot tell"})) == "shift or capability"
+    assert label(dict(c, label_shift={"reading": "holds"})) == "label shift"

@@ -66,3 +66,72 @@ def test_each_label_gets_its_own_sets_noise():
         assert got["tau"].iloc[0] == pytest.approx(want["tau"].iloc[0])
         assert got.equals(want)
     assert pair_operating(outs, s, "chosen")["tau"].iloc[0] > 10 * pair_operating(outs, s, "stopped early")["tau"].iloc[0]
+
+
+def _gemma_like(n=200, seed=0, drift=0.1):
+    """Gemma sentiment_1shot's shape: every error in one class (class accuracies about 0.3 and 1.0), and a real
+    null head whose removal lowers the other class's margins a little (significantly, on 100 items)."""
+    rng = np.random.default_rng(seed)
+    signs = np.where(np.arange(n) % 2 == 0, 1, -1)
+    item = rng.normal(0, 1, n)
+    m = {}
+    for f in ("default", "a", "b", "c", "d"):
+        b = np.where(signs == 1, -0.5, 4.0) + item + 0.5 * rng.normal(0, 1, n)
+        m[f] = (b, b + 0.3 * rng.normal(0, 1, n) - drift * (signs == -1))
+    g0 = (m["default"][0] > 0).astype(float)
+    kinds = {k: m["default"][1] + 0.05 * rng.normal(0, 1, n) for k in ("mean", "resample")}
+    return Outcomes(m, kinds, (g0, g0.copy()), signs, rng.normal(0, 0.005, 20), False)
+
+
+def test_fixes_concentrated_in_one_class_are_not_a_label_shift():
+    """Issue 50: planting +0.10 of genuine fixes into a null head's outcomes on a task whose errors sit in one class
+    was labelled 'label shift' in 90-100% of draws. Now the semi-synthetic capability is labelled a capability
+    (or 'shift or capability' where the items cannot separate them), a planted shift a label shift."""
+    from cel_utils.labels import checks, label
+    from cel_utils.operating import SEMI, plant_fixes
+
+    real = _gemma_like()
+    right = real.margins["default"][0] > 0
+    assert right[real.signs == -1].mean() == 1.0 and right[real.signs == 1].mean() < 0.4
+    rng = np.random.default_rng(1)
+    draws = [plant_fixes(real, 0.10, rng, real.nll) for _ in range(100)]
+    for o in draws[:5]:    # the fixes: 20 items, all in class +1, each wrong before and right after
+        b, a = o.margins["default"]
+        fixed = (a > 0) & ~(real.margins["default"][1] > 0)
+        assert fixed.sum() == 20 and set(real.signs[fixed]) == {1}
+    got = [label(checks(o)) for o in draws]
+    assert got.count("label shift") <= 5 and got.count("capability") >= 80
+    base = Outcomes({f: (b, b) for f, (b, _) in real.margins.items()}, generation=(real.generation[0],) * 2,
+                    signs=real.signs, nll=real.nll)
+    oc = operating_characteristics(base, tau=0.5, n_sim=100, seed=3, real=real)
+    assert oc.loc[SEMI, "capability"] >= 0.8 and oc.loc[SEMI, "label shift"] <= 0.05
+    assert oc.loc["label shift", "label shift"] >= 0.8 and oc.loc["null", "label shift"] <= 0.05
+    assert "label shift" not in operating_characteristics(_addition_like(), n_sim=5).index   # no classes
+
+
+def test_a_planted_label_shift_gains_what_is_asked():
+    from cel_utils.operating import plant
+
+    base = _gemma_like()
+    base = Outcomes({f: (b, b) for f, (b, _) in base.margins.items()}, signs=base.signs)
+    rng = np.random.default_rng(2)
+    got = np.mean([(o.margins["default"][1] > 0).mean() - (o.margins["default"][0] > 0).mean()
+                   for o in (plant(base, "label shift", 0.10, 0.5, rng) for _ in range(300))])
+    assert got == pytest.approx(0.10, abs=0.01)
+
+
+def test_the_summary_says_the_rule_misses_where_either_capability_row_does():
+    import pandas as pd
+
+    from cel_utils.operating import SEMI, summary
+
+    cols = {"capability": 0.0, "format-specific": 0.0, "label shift": 0.0, "shift or capability": 0.0, "n": 200,
+            "gain": 0.1}
+    rows = {"capability": 0.95, SEMI: 0.6, "label shift": 0.0, "null": 0.01}
+    oc = pd.DataFrame([dict(cols, truth=t, capability=p) for t, p in rows.items()]).set_index("truth")
+    oc.loc["label shift", "label shift"] = 0.9
+    line = summary(oc, "m / t")
+    assert "misses the book's targets here (P(capability | capability (semi-synthetic)) = 0.60)" in line
+    assert "a planted label shift is labelled one 90% of the time" in line
+    oc.loc[SEMI, "capability"] = 0.85
+    assert summary(oc, "m / t").endswith("The rule meets the book's targets here.")
