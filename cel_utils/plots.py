@@ -17,6 +17,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +26,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.io.base_renderers import MimetypeRenderer
+
+from . import figcheck
+from .errors import CELError
 
 _counter = {"n": 0}
 
@@ -387,6 +392,12 @@ def figure(fig, caption: str) -> None:
 
     setup()
     _FIGURES["n"] += 1
+    bad = figcheck.problems(fig)
+    if bad:
+        what = f"{last_label()} ({caption[:60]}): " + "; ".join(bad)
+        if os.environ.get("CEL_STRICT_FIGURES"):
+            raise CELError(what)
+        warnings.warn(what, stacklevel=2)
     display(fig)
     display(HTML(f'<p class="cel-caption"><strong>{last_label()}.</strong> {escape(caption)}</p>'))
 

@@ -213,15 +213,18 @@ def formation_lines(formation: pd.DataFrame, title: str | None = None) -> go.Fig
     """Chapter 3a's trained transformer: over training steps, the mean gain in task A's accuracy from the best
     single-head removal (left) and the share of runs where that removal is a two-sided trade-off (right), one line
     per attention and initial scale."""
+    import plotly.express as px
     from plotly.subplots import make_subplots
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=["best removal's gain on toy_a", "two-sided trade-offs"])
+    colours = px.colors.qualitative.Plotly
     for j, ((att, sc), g) in enumerate(formation.groupby(["attention", "scale"], sort=False)):
         name = f"{att}, scale {sc:g}"
         dash = "solid" if att == "softmax" else "dash"
-        for col, y in ((1, "gain_a"), (2, "two_sided")):
+        for col, y in ((1, "gain_a"), (2, "two_sided")):   # one colour per line in both panels: its legend entry's
             fig.add_scatter(x=g["step"], y=g[y], mode="lines+markers", name=name, legendgroup=name,
-                            showlegend=col == 1, line=dict(dash=dash), marker=dict(size=4),
+                            showlegend=col == 1, line=dict(dash=dash, color=colours[j % len(colours)]),
+                            marker=dict(size=4),
                             hovertemplate="step %{x}: %{y:.3f}<extra>" + name + "</extra>", row=1, col=col)
     fig.update_xaxes(title_text="training step")
     fig.update_yaxes(title_text="accuracy gain", row=1, col=1)

@@ -14,6 +14,8 @@ import tempfile  # noqa: E402
 os.environ["CEL_CACHE_DIR"] = tempfile.mkdtemp(prefix="cel_cache_")
 atexit.register(shutil.rmtree, os.environ["CEL_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("CEL_MODELS_DIR", str(Path.home() / ".cache" / "cel_utils" / "models"))
+# every figure shown breaks none of cel_utils.figcheck's rules (plots.figure raises instead of warning)
+os.environ["CEL_STRICT_FIGURES"] = "1"
 # one fixed thread count for the whole session (inherited by the kernels): cel_utils.threads would otherwise choose
 # it by what else the CPU is doing, and a sum split over a different number of threads can differ in its last bit,
 # so two runs that a test compares bit for bit could differ (CI failed once on that: an lm-eval run with mode=scale,

@@ -241,3 +241,43 @@ def test_marks_on_a_log_axis_sit_among_the_data():
     lo, hi = np.log10(t["forward_equivalents"].min()), np.log10(t["exact_forward_equivalents"].max())
     xs = [s.x0 for s in fig.layout.shapes]
     assert xs and all(lo - 1 <= x <= hi + 1 for x in xs), xs
+
+
+def test_every_legend_entry_has_one_colour_in_every_panel():
+    """Figure 3a.2: each line's right-panel trace took plotly's next colour (colours go by trace index), so the right
+    panel's colours matched no legend entry. Each legend group now has one colour in both panels."""
+    from cel_utils import figcheck
+
+    f = pd.DataFrame([{"attention": a, "scale": s, "step": st, "gain_a": 0.1 * st, "two_sided": 0.5}
+                      for a in ("softmax", "softmax-1") for s in (0.5, 1.0) for st in (0, 100, 200)])
+    fig = theory_plots.formation_lines(f)
+    assert figcheck.problems(fig) == []
+    by_group = {}
+    for t in fig.data:
+        by_group.setdefault(t.legendgroup, set()).add(t.line.color)
+    assert len(by_group) == 4 and all(len(c) == 1 and None not in c for c in by_group.values())
+    assert len({next(iter(c)) for c in by_group.values()}) == 4        # four lines, four colours
+
+
+def test_the_figure_checks_find_hidden_data_marks_off_the_log_axis_and_split_colours(monkeypatch):
+    """Planted defects: a range that hides points, a mark at x = 171 on a log axis whose data span 10^0.5-10^2.2
+    (the Figure 2b.3 defect), a legend group drawn in two colours; ``plots.figure`` raises on them where
+    CEL_STRICT_FIGURES is set."""
+    import plotly.graph_objects as go
+
+    from cel_utils import figcheck
+    from cel_utils.errors import CELError
+
+    ok = go.Figure(go.Scatter(x=[1, 2], y=[0.0, 1.0])).update_yaxes(range=[0, 1])
+    assert figcheck.problems(ok) == []                                          # a point on the edge is shown
+    hidden = go.Figure(go.Scatter(x=[1, 2], y=[0.0, 1.3])).update_yaxes(range=[0, 1])
+    assert figcheck.problems(hidden) == ["yaxis: range [0, 1] hides data from 0 to 1.3"]
+    log = go.Figure(go.Scatter(x=[3.0, 171.0], y=[0.1, 0.9])).update_xaxes(type="log")
+    assert figcheck.problems(log.add_vline(x=np.log10(171))) == []
+    assert "x = 171 on the log axis" in figcheck.problems(log.add_vline(x=171))[0]
+    split = go.Figure([go.Scatter(x=[1], y=[1], legendgroup="a", line=dict(color="red")),
+                       go.Scatter(x=[1], y=[2], legendgroup="a")])
+    assert figcheck.problems(split) == ["legend group 'a': 2 traces in no set colour"]
+    monkeypatch.setenv("CEL_STRICT_FIGURES", "1")
+    with pytest.raises(CELError, match="hides data"):
+        plots.figure(hidden, "a planted figure")
