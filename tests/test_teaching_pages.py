@@ -74,6 +74,27 @@ def test_the_glossary_has_each_new_term_once():
     assert len(terms) == len(set(t.lower() for t in terms)), "a term is defined twice"
 
 
+ROOM_TERMS = ["Room", "Effect threshold", "Offset", "Label shift", "Operating characteristic", "Label stability",
+              "Pipeline power", "Forward-equivalent", "Hard-concrete gate", "Oracle and null (per-item ceiling)",
+              "Gradient flow"]
+
+
+def test_the_glossary_names_every_band_and_threshold_the_code_uses():
+    """Issue 50: 'room' had three definitions and none in the glossary. The Room and Effect-threshold entries name
+    each band and threshold by the setting that holds it, and every setting a glossary entry names exists in
+    cel_utils.defaults (the values are not typed: a page types no number)."""
+    from cel_utils import defaults as d
+
+    assert [t for t in ROOM_TERMS if glossary_terms().count(t) != 1] == []
+    text = (PAGES / "glossary.md").read_text()
+    entry = lambda term: re.search(rf"^{re.escape(term)}\n((?:  .*\n)+)", text, flags=re.M).group(1)  # noqa: E731
+    for term, names in (("Room", ["CALIBRATION_BAND", "ROOM_BAND", "ROOM", "POWER_GAIN"]),
+                        ("Effect threshold", ["NO_EFFECT", "COLLATERAL_NLL", "THEORY_EFFECT", "TOYNET_EFFECT"])):
+        assert [n for n in names if f"`{n}`" not in entry(term)] == [], term
+    named = set(re.findall(r"`([A-Z][A-Z_]+)`", text))
+    assert named and [n for n in named if not hasattr(d, n)] == []
+
+
 def test_every_exercise_has_a_time_estimate():
     notes = (PAGES / "instructor_notes.md").read_text()
     rows = dict(re.findall(r"^\| `(ex-[\w-]+)` \| [\w]+ \| (\d+(?:-\d+)? min) \|", notes, flags=re.M))
