@@ -32,7 +32,7 @@ import pandas as pd
 
 from .ablation import Ablation, format_set
 from .compare import paired_table
-from .defaults import GRADIENT_FORWARD_EQUIVALENTS
+from .defaults import ALPHA, GRADIENT_FORWARD_EQUIVALENTS
 from .design import Design
 from .engine import evaluate_head_sets
 from .pipeline import Run, run
@@ -116,16 +116,37 @@ def collateral_curve(lm, heads, alphas=ALPHAS, n_tokens: int = 1000, chunk: int 
     (:func:`cel_utils.robust.text_nll`, ``n_tokens`` in chunks of ``chunk``) with ``heads`` scaled by each alpha,
     with the bootstrap CI over chunks (``alpha``, ``nll_delta``, ``nll_low``, ``nll_high``). alpha = 1 is the intact
     model: its row is 0 with no pass (the unablated pass is the baseline of every other row)."""
-    rows = []
+    rows, tokens = [], None
     for a in sorted(set(alphas)):
         if a == 1:
             rows.append({"alpha": 1.0, "nll_delta": 0.0, "nll_low": 0.0, "nll_high": 0.0})
             continue
-        t = text_nll(lm, {"set": list(heads)}, n_tokens, chunk=chunk, n_boot=n_boot, seed=seed,
-                     mode=Ablation.of("scale", alpha=a))["sets"]["set"]
+        res = text_nll(lm, {"set": list(heads)}, n_tokens, chunk=chunk, n_boot=n_boot, seed=seed,
+                       mode=Ablation.of("scale", alpha=a))
+        t, tokens = res["sets"]["set"], res["text_tokens"]
         rows.append({"alpha": float(a), "nll_delta": t["text_nll_delta"], "nll_low": t["ci_low"],
                      "nll_high": t["ci_high"]})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).assign(tokens=tokens)   # the text's tokens: every cost says on how much text
+
+
+def verdict_line(r) -> str:
+    """One dose curve's sentence (a row of chapter 2b's dose table: ``model``, ``heads``, ``chosen_alpha``,
+    ``shape``, ``removal_delta``, ``best_minus_removal``, ``ci_low``, ``ci_high``, ``p_value``), its words from
+    the graded items' exact McNemar test: the chosen dose beats removal (p below ALPHA and above it), loses to it,
+    or ties with it.
+
+        >>> from types import SimpleNamespace as R
+        >>> verdict_line(R(model="m", heads="L1H1", chosen_alpha=-0.5, shape="peak", removal_delta=0.1,
+        ...                best_minus_removal=0.0, ci_low=0.0, ci_high=0.0, p_value=1.0)).split("; ")[1][:60]
+        'on the graded items it ties with removal (not shown to diffe'
+    """
+    if r.chosen_alpha == 0:
+        return f"- **{r.model}**, {r.heads}: removal is the dose the choose items pick (held-out gain {r.removal_delta:+.3f})."
+    word = ("ties with removal (not shown to differ on these items)" if not r.p_value < ALPHA else
+            "beats removal" if r.best_minus_removal > 0 else "loses to removal")
+    return (f"- **{r.model}**, {r.heads}: the choose items pick alpha = {r.chosen_alpha:g} ({r.shape}); on the "
+            f"graded items it {word} ({r.best_minus_removal:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], "
+            f"McNemar p = {r.p_value:.2g}; removal alone {r.removal_delta:+.3f}).")
 
 
 def choose_dose(table: pd.DataFrame) -> float:

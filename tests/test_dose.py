@@ -349,3 +349,20 @@ def test_what_per_item_choice_adds_over_the_static_set_has_its_own_interval():
     assert 0 < c["oms_low"] < 15 / 60 < c["oms_high"]
     c = dose.per_item_ceiling(base, heads, n_perm=50, static_correct=heads.any(axis=0))
     assert c["oracle_minus_static"] == c["oms_low"] == c["oms_high"] == 0
+
+
+def test_the_dose_sentence_says_tie_where_the_exact_test_cannot_tell():
+    """Chapter 2b's per-curve sentence (it typed 0.05 and said 'not distinguishable'): beats at p below ALPHA with
+    the chosen dose ahead, loses with it behind, ties at p at least ALPHA whatever the point estimate."""
+    from types import SimpleNamespace as R
+
+    from cel_utils.defaults import ALPHA
+    from cel_utils.dose import verdict_line
+
+    row = dict(model="m", heads="L1H1", chosen_alpha=-0.5, shape="peak", removal_delta=0.1, ci_low=0.01,
+               ci_high=0.09)
+    assert "it beats removal" in verdict_line(R(**row, best_minus_removal=0.05, p_value=ALPHA / 2))
+    assert "it loses to removal" in verdict_line(R(**row, best_minus_removal=-0.05, p_value=ALPHA / 2))
+    tie = verdict_line(R(**row, best_minus_removal=0.05, p_value=ALPHA))
+    assert "it ties with removal" in tie and "beats" not in tie
+    assert "removal is the dose" in verdict_line(R(**dict(row, chosen_alpha=0.0), best_minus_removal=0.0, p_value=1))
