@@ -123,6 +123,31 @@ class Screen:
         return self.table.sort_values([by, "delta_accuracy" if by != "delta_accuracy" else "delta_margin"],
                                       ascending=False).head(k).reset_index(drop=True)
 
+    def selection_stability(self, head: str, k: int, n_boot: int = N_BOOT, seed: int = 0) -> dict:
+        """How stable the screen's choice of ``head`` is: over ``n_boot`` resamples of its items (with
+        replacement), the share in which ``head`` ranks in the top ``k`` by change in mean margin (ties: accuracy,
+        as :meth:`top` orders), so that it would be offered to the confirm split at all (``offered``), and the
+        share in which it ranks first (``first``).
+
+        Example:
+            >>> base = ItemResults(np.ones((1, 4), bool), np.zeros((1, 4)))
+            >>> res = ItemResults(np.ones((2, 4), bool), np.array([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 2.0]]))
+            >>> Screen([(0, 0), (0, 1)], base, res, "zero").selection_stability("L0H0", 1, n_boot=200)["first"]
+            0.96
+        """
+        names = [head_name(h) for h in self.heads]
+        i = names.index(head)
+        dm = self.results.margin - self.baseline.margin[0]             # [heads, items]
+        da = self.results.correct.astype(float) - self.baseline.correct[0]
+        rng = np.random.default_rng(seed)
+        n, offered, first = dm.shape[1], 0, 0
+        for _ in range(n_boot):
+            idx = rng.integers(0, n, n)
+            order = np.lexsort((-da[:, idx].mean(1), -dm[:, idx].mean(1)))   # margin first, then accuracy
+            offered += int(i in order[:k])
+            first += int(order[0] == i)
+        return {"offered": offered / n_boot, "first": first / n_boot, "n_boot": n_boot}
+
 
 def screen(lm, task, heads: Sequence[Head] | None = None, mode: str | Ablation = "zero", means=None,
            max_tokens: int = MAX_TOKENS, progress: bool = True, enc: EncodedTask | None = None,

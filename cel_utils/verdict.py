@@ -119,7 +119,7 @@ class Verdict:
             "delta_accuracy": st["delta_accuracy"].tolist(), "sets": rec["sets"], "chosen": rec["chosen"],
             "design": rec["design"], "confirmed": list(self.confirmed),
             "equals": self.equals().to_dict("records") if self.confirmed else [],
-            "min_detectable_gain": self.power["min_detectable_gain"],
+            "min_detectable_gain": self.power["min_detectable_gain"], "selection": self.selection(),
             **{k: v for k, v in self.power_summary().items() if k != "power_sentence"},
             "pipeline": self.pipeline.to_dict("records") if self.pipeline is not None else []})
 
@@ -134,7 +134,7 @@ class Verdict:
                 "chosen": self.chosen, "equals": "", "n_equals": 0, "heldout_baseline": np.nan, "heldout_delta": np.nan,
                 "heldout_ci_low": np.nan, "heldout_ci_high": np.nan, "heldout_p_holm": np.nan, "holds": False,
                 "together_delta": np.nan, "together_ci_low": np.nan, "together_ci_high": np.nan,
-                "together_holds": False, **pw}
+                "together_holds": False, "selection_offered": np.nan, "selection_first": np.nan, **pw}
         if not self.confirmed:
             base["verdict"] = "not detected: " + pw["power_sentence"]
             return base
@@ -144,6 +144,10 @@ class Verdict:
                     heldout_ci_low=float(r["heldout_ci_low"]), heldout_ci_high=float(r["heldout_ci_high"]),
                     heldout_p_holm=float(r["heldout_p_holm"]), holds=bool(r["holds"]))
         base["verdict"] = self.run.sentence(verb="confirmed") + self.by_clause()
+        st = self.selection()
+        base.update(selection_offered=st["offered"], selection_first=st["first"])
+        base["verdict"] += (f"; on resampled search items the screen offers {self.chosen} to the confirm split in "
+                            f"{st['offered']:.0%} of {st['n_boot']} resamples and ranks it first in {st['first']:.0%}")
         eq = self.equals()
         same = [self.chosen] + eq[eq["equal"].astype(bool)]["heads"].tolist()
         base.update(equals=", ".join(same), n_equals=len(same))
@@ -159,6 +163,14 @@ class Verdict:
                                 f"{len(self.confirmed)} removed together change it by {t['heldout_delta_accuracy']:+.3f} "
                                 f"[{t['heldout_ci_low']:+.3f}, {t['heldout_ci_high']:+.3f}]")
         return base
+
+    def selection(self) -> dict:
+        """The chosen head's selection stability on the search split (:meth:`cel_utils.screening.Screen.
+        selection_stability`, as many resamples as the design's bootstrap); NaN shares when nothing is chosen."""
+        if self.chosen is None:
+            return {"offered": np.nan, "first": np.nan, "n_boot": 0}
+        d = self.run.design
+        return self.screen.selection_stability(self.chosen, len(self.confirm), d.n_boot, d.seed)
 
     def by_clause(self) -> str:
         """Benjamini-Yekutieli beside Benjamini-Hochberg (the confirm tests share their items): how many of the

@@ -121,3 +121,31 @@ def test_cel_verdict_matches_the_library_and_refuses_bad_input(harmful_folder, t
         assert main(argv + bad + ["--out", str(bad_out)]) == 2 and not bad_out.exists()
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and msg in err, err
+
+
+def test_selection_stability_matches_resampled_screens_ranked_by_top():
+    """The share of search resamples whose screen offers (top k) and ranks first a head, against a second
+    implementation: the same resamples as Screens of their own, ranked by Screen.top."""
+    import numpy as np
+
+    from cel_utils.screening import Screen
+    from cel_utils.scoring import ItemResults
+
+    rng = np.random.default_rng(0)
+    n, heads = 40, [(0, h) for h in range(6)]
+    bm = rng.normal(0, 1, (1, n))
+    shift = np.array([0.5, 0.5, 0.1, 0.0, -0.2, 0.3])[:, None]      # two heads at the top: unstable
+    m = bm + shift + rng.normal(0, 1, (6, n))
+    sc = Screen(heads, ItemResults(bm > 0, bm), ItemResults(m > 0, m), "zero")
+    got = sc.selection_stability("L0H0", 2, n_boot=150, seed=3)
+    r = np.random.default_rng(3)
+    offered = first = 0
+    for _ in range(150):
+        idx = r.integers(0, n, n)
+        top = Screen(heads, ItemResults((bm > 0)[:, idx], bm[:, idx]), ItemResults((m > 0)[:, idx], m[:, idx]),
+                     "zero").top(2)["head"].tolist()
+        offered, first = offered + ("L0H0" in top), first + (top[0] == "L0H0")
+    assert (got["offered"], got["first"]) == (offered / 150, first / 150)
+    assert 0 < got["first"] < 1 and got["offered"] >= got["first"]
+    far = Screen(heads, ItemResults(bm > 0, bm), ItemResults(m > 0, m + 5 * (np.arange(6) == 3)[:, None]), "zero")
+    assert far.selection_stability("L0H3", 1, n_boot=50)["first"] == 1.0
