@@ -90,3 +90,18 @@ def test_the_rule_misses_its_target_where_the_semi_synthetic_row_falls_short(tmp
     (tmp_path / "01c_capability.record.json").write_text(json.dumps({"batteries": [bat], "labels": []}))
     so = bottom_line(Records(tmp_path))[-1]
     assert "P(capability | a capability of gain 0.10) = 0.60 < 0.8" in so
+
+
+def test_the_toys_noise_verdict_is_said_to_be_by_construction(tmp_path):
+    """Issue 50: 'noise met in 0 of 4 cells' read as a result, but at the toy's joint optimum a one-sided gain
+    would lower the joint loss, so no trained run can show one. The sentence says so, with the largest share of
+    softmax runs that had one (from the record)."""
+    from cel_utils.findings import conflict_or_noise
+
+    table = [{"setting": "conflict", "variant": v, "sigma": 1.0, "runs": 20, "one_sided": share, "heads_help_both": 0.0}
+             for v, share in (("softmax", 0.05), ("softmax-1", 0.0))]
+    pred = [{"setting": "conflict", "sigma": 1.0, "conflict": "met", "noise": "not met"}]
+    (tmp_path / "03a_conflict_or_noise.record.json").write_text(json.dumps({"table": table, "predictions": pred}))
+    noise = conflict_or_noise(Records(tmp_path))[1]
+    assert "the toy cannot show it" in noise and "by construction, not as evidence" in noise
+    assert "the largest share of softmax runs with one: 0.050" in noise
