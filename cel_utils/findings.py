@@ -267,7 +267,9 @@ def conflict_or_noise(rec: Records) -> list[str]:
         opp, same = sig[sig.p_opposite_holm < 0.05], sig[sig.p_same_holm < 0.05]
         noise += (f". In the real models, {len(opp)} of {len(sig)} task pairs have more heads moving the tasks "
                   f"oppositely than random head pairs, {len(same)} more moving them alike (Holm p < 0.05; "
-                  f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f})")
+                  f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f}"
+                  + (f", at the excess the confirmed heads could make from {sig.power_realistic.min():.2f} to "
+                     f"{sig.power_realistic.max():.2f}" if "power_realistic" in sig else "") + ")")
     lines.append(noise + ".")
     net = r.get("network") or {}
     if net.get("predictions"):

@@ -152,7 +152,8 @@ def combine(parts: list[str]) -> str:
     return "met" if all(p == "met" for p in parts) else "not met" if "not met" in parts else "cannot tell"
 
 
-def signature(landscape: pd.DataFrame, n_perm: int = 2000, seed: int = 0, excess: float = 0.10) -> pd.DataFrame:
+def signature(landscape: pd.DataFrame, n_perm: int = 2000, seed: int = 0, excess: float = 0.10,
+              confirmed: dict | None = None) -> pd.DataFrame:
     """The real models' version: per model and unordered task pair, over every screened head, the share whose
     removal moves the two tasks' margins in opposite directions, against random pairs of heads (the second task's
     column permuted over heads, ``n_perm`` times): the null's mean and 95% range, one-sided permutation p-values
@@ -161,6 +162,11 @@ def signature(landscape: pd.DataFrame, n_perm: int = 2000, seed: int = 0, excess
     the null shifted by the excess).
 
     ``landscape``: one row per (model, task, head) with ``delta_margin`` (:meth:`cel_utils.records.Records.landscape`).
+    ``confirmed``: ``{(model, task): confirmed heads}`` (chapter 1a's verdicts); with it, the excess the confirmed
+    heads could produce (``realistic_excess``: each confirmed head of either task, were it a two-sided mover,
+    turns a move that is opposite with the null's probability into a sure one, so it adds ``(1 - null mean) /
+    heads``) and the test's power there (``power_realistic``): an excess of 0.10 needs far more movers than the
+    confirmed heads.
     """
     rng = np.random.default_rng(seed)
     rows = []
@@ -179,4 +185,9 @@ def signature(landscape: pd.DataFrame, n_perm: int = 2000, seed: int = 0, excess
                              "p_more_opposite": float((1 + (null >= obs).sum()) / (n_perm + 1)),
                              "p_more_same": float((1 + (null <= obs).sum()) / (n_perm + 1)),
                              "power_excess": float((null + excess > thr).mean())})
+                if confirmed is not None:
+                    k = len(set(confirmed.get((model, ta), ())) | set(confirmed.get((model, tb), ())))
+                    real = k * (1 - float(null.mean())) / len(a)
+                    rows[-1].update(confirmed_heads=k, realistic_excess=real,
+                                    power_realistic=float((null + real > thr).mean()))
     return pd.DataFrame(rows)

@@ -101,7 +101,11 @@ def test_the_toys_noise_verdict_is_said_to_be_by_construction(tmp_path):
     table = [{"setting": "conflict", "variant": v, "sigma": 1.0, "runs": 20, "one_sided": share, "heads_help_both": 0.0}
              for v, share in (("softmax", 0.05), ("softmax-1", 0.0))]
     pred = [{"setting": "conflict", "sigma": 1.0, "conflict": "met", "noise": "not met"}]
-    (tmp_path / "03a_conflict_or_noise.record.json").write_text(json.dumps({"table": table, "predictions": pred}))
+    sig = [{"model": "m", "task_a": "A", "task_b": "B", "p_opposite_holm": 0.5, "p_same_holm": 0.6,
+            "power_excess": p, "power_realistic": q} for p, q in ((0.43, 0.05), (0.97, 0.13))]
+    (tmp_path / "03a_conflict_or_noise.record.json").write_text(json.dumps({"table": table, "predictions": pred,
+                                                                            "signature": sig}))
     noise = conflict_or_noise(Records(tmp_path))[1]
     assert "the toy cannot show it" in noise and "by construction, not as evidence" in noise
     assert "the largest share of softmax runs with one: 0.050" in noise
+    assert "power at +0.10 from 0.43 to 0.97, at the excess the confirmed heads could make from 0.05 to 0.13" in noise

@@ -115,3 +115,29 @@ def test_cel_theory_attention_writes_the_variant_and_its_outcome(tmp_path):
     assert "early_phase" in json.loads(out.read_text())
     with pytest.raises(SystemExit):
         main(["theory", "--attention", "relu"])
+
+
+def test_the_signatures_power_at_the_excess_the_confirmed_heads_could_produce():
+    """Issue 50: the test's power was printed at an excess of 0.10, which a pair's few confirmed heads cannot
+    produce. With the confirmed heads given, the realistic excess is k (1 - null mean) / heads, checked by hand,
+    and planting exactly k two-sided movers into independent heads shows that much excess on average; the power
+    there is far below the power at 0.10."""
+    rng = np.random.default_rng(1)
+    n, k = 200, 4
+    heads = [f"L{i // 10}H{i % 10}" for i in range(n)]
+    a, b = rng.normal(size=n), rng.normal(size=n)
+    land = pd.DataFrame({"model": "m", "task": ["A"] * n + ["B"] * n, "head": heads * 2,
+                         "delta_margin": np.concatenate([a, b])})
+    conf = {("m", "A"): heads[:3], ("m", "B"): heads[1:4]}            # 4 distinct confirmed heads
+    r = rival.signature(land, n_perm=500, confirmed=conf).iloc[0]
+    assert r.confirmed_heads == k
+    assert r.realistic_excess == pytest.approx(k * (1 - r.null_mean) / n)
+    assert r.power_realistic < 0.2 < 0.8 < r.power_excess
+    shares = []                                                          # k planted movers: the excess they add
+    for s in range(300):
+        g = np.random.default_rng(s)
+        x, y = g.normal(size=n), g.normal(size=n)
+        y[:k] = -np.sign(x[:k]) * np.abs(y[:k])
+        shares.append((np.sign(x) * np.sign(y) < 0).mean() - 0.5)
+    assert np.mean(shares) == pytest.approx(r.realistic_excess, abs=0.004)
+    assert "power_realistic" not in rival.signature(land, n_perm=50).columns
