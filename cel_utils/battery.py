@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .ablation import Head, compute_head_means
-from .defaults import LABEL_BOOT, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
+from .defaults import COLLATERAL_NLL, LABEL_BOOT, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
 from .effects import item_labels
 from .errors import CELError
 from .io import json_safe
@@ -48,6 +48,8 @@ class RobustSettings:
     constant_steps: int = 5      # 0: the best-constant ablation is not fit
     fit_dtype: str = "float32"   # the best constant's fit on the search split ("auto": bfloat16 where native)
     text_tokens: int = TEXT_TOKENS  # 0: no general-text NLL
+    text_max_tokens: int = 0     # above text_tokens: where a set's NLL CI is wider than nll_width, every measured
+    nll_width: float = COLLATERAL_NLL   # set is measured again on this many tokens (one window for the pair)
     other_tasks: tuple = ()      # tasks on which the cost is measured
     n_other: int = 100
     generate: bool = True        # free generation (exact-match tasks)
@@ -184,7 +186,8 @@ def _collateral(name: str, nll: dict, sh: Shared | None, brief: bool) -> dict:
     t = nll.get("sets", {}).get(name) if nll else None
     if t is not None:
         coll.update(text_nll_delta=t["text_nll_delta"], text_nll_ci_low=t["ci_low"], text_nll_ci_high=t["ci_high"],
-                    text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"])
+                    text_tokens=nll["text_tokens"], text_source=nll["source"], baseline_nll=nll["baseline_nll"],
+                    text_widened=bool(nll.get("widened_for")))
     if sh is not None and sh.others is not None and not brief:
         coll["other_tasks"] = sh.others[sh.others["set"] == name].drop(columns="set").to_dict("records")
     return coll
@@ -210,8 +213,7 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
     for n, h in rest.items():
         abl[n], outs[n] = _outcomes(lm, n, h, margins[n], sh, s)
     want = [n for n in rest if s.nll_sets is None or n in s.nll_sets or needs_cost(checks(outs[n]))]
-    nll = text_nll(lm, {n: sets[n] for n in want}, s.text_tokens, n_boot=s.n_boot, seed=s.seed) \
-        if s.text_tokens > 0 and want else {}
+    nll = text_window(lm, {n: sets[n] for n in want}, s) if s.text_tokens > 0 and want else {}
     for n in want:
         if nll:
             outs[n].nll = nll["sets"][n]["per_chunk"]
@@ -227,6 +229,19 @@ def battery(lm, task_name: str, sets: dict[str, Sequence[Head]], settings: Robus
                            label=label(c), label_distribution=label_distribution(outs[name], s.label_boot, s.seed),
                            operating=pair_operating(outs, s, name), outcomes=outs[name]))
     return out
+
+
+def text_window(lm, sets: dict[str, Sequence[Head]], s: RobustSettings) -> dict:
+    """The sets' change in NLL on general text (:func:`cel_utils.robust.text_nll`) on ``s.text_tokens`` tokens, and
+    again on ``s.text_max_tokens`` for every set when any set's 95% CI is wider than ``s.nll_width`` (a cost check
+    with the power to say "below the threshold"): the stop depends on the intervals' widths only, never on their
+    estimates, and all sets of the pair share the window they end on."""
+    nll = text_nll(lm, sets, s.text_tokens, n_boot=s.n_boot, seed=s.seed)
+    wide = [n for n, v in nll["sets"].items() if v["ci_high"] - v["ci_low"] >= s.nll_width]
+    if wide and s.text_max_tokens > s.text_tokens:
+        nll = text_nll(lm, sets, s.text_max_tokens, n_boot=s.n_boot, seed=s.seed)
+        nll["widened_for"] = wide
+    return nll
 
 
 def pair_operating(outs: dict[str, Outcomes], s: RobustSettings, name: str) -> pd.DataFrame | None:

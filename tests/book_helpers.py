@@ -13,7 +13,7 @@ CI_PARAMETERS = {
                       "top_k": 2, "fdr": 1.01, "power_sims": 200, "design_sims": 100},
     "01b_screening_at_scale": {"models": ["smollm2-135m"], "n_items": 6, "n_plain_heads": 3,
                                "compressed_evals": 20, "dtype_heads": 12},
-    "01c_capability": {"n_items": 6, "text_tokens": 300, "constant_steps": 1, "n_other": 6, "n_search": 6,
+    "01c_capability": {"n_items": 6, "text_tokens": 300, "text_max_tokens": 600, "constant_steps": 1, "n_other": 6, "n_search": 6,
                        "random_heads": 1, "label_boot": 20, "oc_sims": 20},
     "02_joint_search": {"models": ["smollm2-135m"], "tasks": {"smollm2-135m": ["addition", "agreement_rc"]},
                         "cost_tasks": {"smollm2-135m": ["addition", "agreement_rc", "sentiment"]}, "n_search": 6,

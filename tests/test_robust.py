@@ -349,3 +349,30 @@ def test_the_best_constant_is_fit_in_fit_dtype_and_reported_in_float32(monkeypat
     assert [d for d, _ in seen] == [torch.bfloat16]
     want = evaluate(lm, encode_task(lm, task), [(0, 1)], mode=Ablation("constant", seen[0][1].float()))
     assert np.array_equal(out["constant"]["margins"], want.margin[0])
+
+
+def test_the_text_window_grows_for_every_set_when_one_cost_interval_is_too_wide(monkeypatch):
+    """Issue 50: Gemma's chosen heads' NLL interval on 6000 tokens was too wide to say 'no cost'. Where any set's
+    95% CI is at least nll_width wide, every set is measured again on text_max_tokens (one window for the pair);
+    where all are narrow, the first window stands. The stop reads widths only (planted text_nll)."""
+    from cel_utils import battery as bat
+
+    calls = []
+
+    def fake(lm, sets, n_tokens, **kw):
+        calls.append((n_tokens, sorted(sets)))
+        half = {"a": 0.01, "b": 0.04 * 6000 / n_tokens}      # b's interval narrows with more text
+        return {"source": "x", "text_tokens": n_tokens, "baseline_nll": 3.0,
+                "sets": {n: {"text_nll_delta": 0.3, "ci_low": 0.3 - half[n], "ci_high": 0.3 + half[n]} for n in sets}}
+
+    monkeypatch.setattr(bat, "text_nll", fake)
+    s = bat.RobustSettings(text_tokens=6000, text_max_tokens=20000, nll_width=0.05)
+    out = bat.text_window(None, {"a": [(0, 0)], "b": [(1, 1)]}, s)
+    assert calls == [(6000, ["a", "b"]), (20000, ["a", "b"])] and out["widened_for"] == ["b"]
+    assert out["text_tokens"] == 20000
+    calls.clear()
+    out = bat.text_window(None, {"a": [(0, 0)]}, s)              # narrow: one window
+    assert calls == [(6000, ["a"])] and "widened_for" not in out
+    calls.clear()
+    bat.text_window(None, {"b": [(1, 1)]}, bat.RobustSettings(text_tokens=6000))   # no larger window asked
+    assert calls == [(6000, ["b"])]
