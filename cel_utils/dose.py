@@ -40,7 +40,7 @@ from .robust import text_nll
 from .scoring import encode_task
 from .screening import screen
 from .selectors import REGISTRY, Context, pipeline_run
-from .stats import bootstrap_mean, mcnemar_exact, paired_bootstrap
+from .stats import bootstrap_mean, head_to_head, mcnemar_exact, paired_bootstrap
 
 ALPHAS = (-0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0)   # the issue's grid: 0 removes, 1 is the intact model
 
@@ -235,6 +235,45 @@ def boost_vs_remove(lm, search_task, encs: dict, cel_set, design: Design, max_k:
                selector="boost and remove")
     return {"boost": boost, "remove": remove, "both": both, "alpha": off.info["alpha"],
             "ranking": off.info["ranking"], "doses": off.info["doses"], "mode": off.mode, "both_mode": both_mode}
+
+
+def _graded(r: Run, base: np.ndarray | None) -> np.ndarray | None:
+    """Each held-out item right or not under the run's chosen set (the intact model's ``base`` when it chose
+    nothing: the pipeline then removes nothing); None when no held-out item was graded."""
+    c, cmp = r.chosen(), r.heldout_comparison
+    if c is None:
+        return base
+    return None if cmp is None else np.asarray(cmp.results.correct[cmp.names.index(c["heads"])], bool)
+
+
+def boost_against_removal(b: dict) -> dict | None:
+    """Boosting against removing, head to head (:func:`cel_utils.stats.head_to_head`): each pipeline's chosen set
+    on the same held-out items (:func:`boost_vs_remove`'s ``boost`` and ``remove``); a pipeline that chose nothing
+    counts as the intact model. None when neither graded a held-out item."""
+    cmps = [r.heldout_comparison for r in (b["boost"], b["remove"]) if r.heldout_comparison is not None]
+    if not cmps:
+        return None
+    base = np.asarray(cmps[0].baseline.correct[0], bool)
+    d = b["boost"].design
+    return head_to_head(_graded(b["boost"], base), _graded(b["remove"], base), d.n_boot, d.seed, d.alpha)
+
+
+def versus_line(model: str, hh: dict | None, costs: pd.DataFrame) -> str:
+    """Chapter 2b's sentence on boosting against removal for one model: the head-to-head on the graded items
+    (:func:`boost_against_removal`) worded from its exact test, and each one's cost on general text beside it
+    (``costs``: chapter 2b's cost table, rows ``model``, ``intervention``, ``measured on``, ``change``,
+    ``ci_low``, ``ci_high``)."""
+    if hh is None:
+        return f"- **{model}**: neither boosting nor removal graded a held-out item, so they are not compared."
+    word = {"more": "boosting helps more than removal", "less": "boosting helps less than removal",
+            "tie": "boosting and removal are not shown to differ (a tie on these items)"}[hh["word"]]
+    text = costs[(costs.model == model) & costs["measured on"].str.startswith("general text")] if len(costs) else costs
+    cost = "; ".join(f"{r['intervention']} {r['change']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] nats/token "
+                     f"on {r['measured on'].removeprefix('general text (').rstrip(')')}"
+                     for r in text.to_dict("records") if r["intervention"] in ("boost", "remove"))
+    return (f"- **{model}**, head to head on the same graded items: boosting minus removal {hh['delta']:+.3f} "
+            f"[{hh['ci_low']:+.3f}, {hh['ci_high']:+.3f}] (exact McNemar p = {hh['p_value']:.2g}): {word}"
+            + (f". Their costs on general text: {cost}." if cost else "."))
 
 
 def together(boost_sets, cel_set, alpha: float) -> tuple[list, Ablation]:

@@ -202,6 +202,18 @@ def dose_line(dose: pd.DataFrame) -> str:
             + ", ".join(p for p in parts if p) + ".")
 
 
+VERSUS = {"more": "boosting helps more", "less": "boosting helps less", "tie": "a tie on these items"}
+
+
+def _text_costs(r: dict, model: str) -> str:
+    """Chapter 2b's cost on general text of the boost and the removal for one model, each with its token count."""
+    c = [x for x in r.get("costs", []) if x["model"] == model and x["intervention"] in ("boost", "remove")
+         and str(x["measured on"]).startswith("general text")]
+    return "".join(f", text cost of the {x['intervention']} {x['change']:+.3f} [{x['ci_low']:+.3f}, "
+                   f"{x['ci_high']:+.3f}] nats/token ({x['measured on'].removeprefix('general text (').rstrip(')')})"
+                   for x in c)
+
+
 def remove_scale_boost(rec: Records) -> list[str]:
     """Chapter 2b in three computed sentences (markdown lines): the dose, boosting against removal, the per-item
     ceiling; empty when chapter 2b has not run."""
@@ -224,8 +236,13 @@ def remove_scale_boost(rec: Records) -> list[str]:
                          f"set {gain(rm)}{' (holds)' if rm.holds else ''}"
                          + "".join(f", both together {gain(x)}{' (holds)' if x.holds else ''}"
                                    for x in both.head(1).itertuples()))
-        lines.append("- **Boost or remove** (held-out gain in accuracy of each pipeline's chosen set): "
-                     + "; ".join(parts) + ".")
+        vs = {x["model"]: x.get("versus") for x in r.get("boost", [])}
+        parts = [p + (f", boosting minus removal {v['delta']:+.3f} [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}] "
+                      f"(exact McNemar p = {v['p_value']:.2g}: {VERSUS[v['word']]})" if v else "") + _text_costs(r, m)
+                 for p, v, m in zip(parts, (vs.get(m) for m in boost.model.drop_duplicates()),
+                                    boost.model.drop_duplicates())]
+        lines.append("- **Boost or remove** (held-out gain in accuracy of each pipeline's chosen set, the two head "
+                     "to head on the same items, and each one's cost on general text): " + "; ".join(parts) + ".")
     rc = pd.DataFrame(r.get("recall", []))
     if len(rc):
         best = rc.loc[rc.groupby("model", sort=False).recall.idxmax()]

@@ -20,7 +20,7 @@ from .ablation import Ablation, Head, format_heads, parse_heads
 from .defaults import FDR, N_BOOT, POWER, POWER_GAIN
 from .joint import cross_task
 from .power import pipeline_power
-from .stats import bootstrap_mean, mcnemar_exact, min_detectable_gain
+from .stats import head_to_head, min_detectable_gain
 from .tasks import Task
 from .verdict import Verdict, power_inputs
 
@@ -205,12 +205,10 @@ def several_vs_one(js, chosen: str, single: tuple[str, np.ndarray] | None = None
         single = (ones[0], cmp.results.correct[cmp.names.index(ones[0])])
     name, o = single[0], np.asarray(single[1], bool)
     a = np.asarray(cmp.results.correct[cmp.names.index(chosen)], bool)
-    d, lo, hi = bootstrap_mean(a.astype(float) - o, js.run.design.n_boot, js.run.design.seed)
-    p = float(mcnemar_exact([int((a & ~o).sum())], [int((~a & o).sum())])[0])
-    alpha = js.run.design.alpha
-    word = ("helps more than removing {} alone" if p < alpha and d > 0 else
-            "helps less than removing {} alone" if p < alpha and d < 0 else
-            "is not shown to differ from removing {} alone (a tie on these items)").format(name)
+    hh = head_to_head(a, o, js.run.design.n_boot, js.run.design.seed, js.run.design.alpha)
+    d, lo, hi, p = hh["delta"], hh["ci_low"], hh["ci_high"], hh["p_value"]
+    word = {"more": "helps more than removing {} alone", "less": "helps less than removing {} alone",
+            "tie": "is not shown to differ from removing {} alone (a tie on these items)"}[hh["word"]].format(name)
     out.update(vs_single=name, vs_single_delta=d, vs_single_ci_low=lo, vs_single_ci_high=hi, vs_single_p=p,
                vs_sentence=f"; against {name} alone on the same held-out items the set changes accuracy by "
                            f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}] (paired; exact McNemar p = {p:.2g}), so removing "

@@ -283,3 +283,20 @@ def confirm_decisions(base: np.ndarray, ablated: np.ndarray, fdr: float) -> dict
     q, q_by = benjamini_hochberg(p), benjamini_yekutieli(p)
     return {"fixes": f, "breaks": b, "p_value": p, "q_value": q, "confirmed": confirm_rule(q, f, b, fdr),
             "q_value_by": q_by, "confirmed_by": confirm_rule(q_by, f, b, fdr)}
+
+
+def head_to_head(a, b, n_boot: int = N_BOOT, seed: int = 0, alpha: float = ALPHA) -> dict:
+    """Two interventions on the same items, compared with each other: ``a`` and ``b`` are each item's correctness
+    ``[n_items]`` under one and the other. The paired difference in accuracy ``a - b`` with its bootstrap CI
+    (:func:`bootstrap_mean`), the exact McNemar test on the items where they differ (``p_value``) and its word:
+    ``more`` (a is better, p below ``alpha``), ``less``, or ``tie`` (not shown to differ on these items).
+
+        >>> r = head_to_head(np.array([1, 1, 0, 1] * 10, bool), np.array([1, 1, 1, 0] * 10, bool), n_boot=200)
+        >>> r["word"], round(r["p_value"], 3)
+        ('tie', 1.0)
+    """
+    a, b = np.asarray(a, bool), np.asarray(b, bool)
+    d, lo, hi = bootstrap_mean(a.astype(float) - b, n_boot, seed, alpha)
+    p = float(mcnemar_exact([int((a & ~b).sum())], [int((~a & b).sum())])[0])
+    word = "more" if p < alpha and d > 0 else "less" if p < alpha and d < 0 else "tie"
+    return {"delta": d, "ci_low": lo, "ci_high": hi, "p_value": p, "word": word}

@@ -366,3 +366,49 @@ def test_the_dose_sentence_says_tie_where_the_exact_test_cannot_tell():
     tie = verdict_line(R(**row, best_minus_removal=0.05, p_value=ALPHA))
     assert "it ties with removal" in tie and "beats" not in tie
     assert "removal is the dose" in verdict_line(R(**dict(row, chosen_alpha=0.0), best_minus_removal=0.0, p_value=1))
+
+
+def test_boost_against_removal_compares_the_two_chosen_sets_on_the_same_items():
+    """Planted runs: boost's chosen set right on 30 of 40 held-out items, removal's on 22, the intact model on 20.
+    The head-to-head is boost minus removal on the same items, with scipy's binomial test on the items where they
+    differ; a pipeline that chose nothing counts as the intact model."""
+    from types import SimpleNamespace as NS
+
+    from scipy.stats import binomtest
+
+    from cel_utils.design import Design
+
+    rng = np.random.default_rng(0)
+    base = np.zeros(40, bool); base[:20] = True
+    boost = base.copy(); boost[20:30] = True
+    remove = base.copy(); remove[20:22] = True
+    rng.shuffle(idx := np.arange(40))
+    base, boost, remove = base[idx], boost[idx], remove[idx]
+
+    def run(correct, name):
+        cmp = NS(names=["X", name], results=NS(correct=np.array([~correct, correct])), baseline=NS(correct=base[None]))
+        return NS(chosen=lambda: {"heads": name}, heldout_comparison=cmp, design=Design(n_boot=200))
+
+    got = dose.boost_against_removal({"boost": run(boost, "B"), "remove": run(remove, "R")})
+    want = binomtest(int((boost & ~remove).sum()), int((boost != remove).sum()), 0.5).pvalue
+    assert got["delta"] == pytest.approx(0.2) and got["p_value"] == pytest.approx(want) and got["word"] == "more"
+    nothing = NS(chosen=lambda: None, heldout_comparison=None, design=Design(n_boot=200))
+    vs_intact = dose.boost_against_removal({"boost": run(boost, "B"), "remove": nothing})
+    assert vs_intact["delta"] == pytest.approx(0.25)
+    assert dose.boost_against_removal({"boost": nothing, "remove": nothing}) is None
+
+
+def test_the_versus_sentence_words_the_exact_test_and_puts_each_cost_beside_it():
+    import pandas as pd
+
+    costs = pd.DataFrame([{"model": "m", "intervention": k, "heads": "L1H1", "measured on": "general text (1000 tokens)",
+                           "change": c, "ci_low": c - 0.1, "ci_high": c + 0.1, "unit": "NLL per token"}
+                          for k, c in (("boost", -0.48), ("remove", 1.56))]
+                         + [{"model": "m", "intervention": "boost", "heads": "L1H1", "measured on": "addition",
+                             "change": 0.0, "ci_low": 0.0, "ci_high": 0.0, "unit": "accuracy"}])
+    tie = dose.versus_line("m", {"delta": 0.02, "ci_low": -0.03, "ci_high": 0.07, "p_value": 0.4, "word": "tie"}, costs)
+    assert "not shown to differ (a tie on these items)" in tie and "more" not in tie
+    assert "boost -0.480 [-0.580, -0.380] nats/token on 1000 tokens; remove +1.560" in tie
+    assert "addition" not in tie
+    more = dose.versus_line("m", {"delta": 0.1, "ci_low": 0.05, "ci_high": 0.15, "p_value": 0.001, "word": "more"}, costs)
+    assert "boosting helps more than removal" in more

@@ -109,3 +109,19 @@ def test_the_toys_noise_verdict_is_said_to_be_by_construction(tmp_path):
     assert "the toy cannot show it" in noise and "by construction, not as evidence" in noise
     assert "the largest share of softmax runs with one: 0.050" in noise
     assert "power at +0.10 from 0.43 to 0.97, at the excess the confirmed heads could make from 0.05 to 0.13" in noise
+
+
+def test_boost_and_removal_head_to_head_with_their_text_costs(tmp_path):
+    from cel_utils.findings import remove_scale_boost
+
+    table = [{"model": "m", "intervention": i, "heldout_delta": g, "holds": False}
+             for i, g in (("boost x1.5", 0.02), ("remove", 0.05), ("boost x1.5 + remove", 0.04))]
+    costs = [{"model": "m", "intervention": k, "measured on": "general text (1000 tokens)", "change": c,
+              "ci_low": c - 0.1, "ci_high": c + 0.1} for k, c in (("boost", -0.48), ("remove", 1.56))]
+    versus = {"delta": -0.03, "ci_low": -0.08, "ci_high": 0.02, "p_value": 0.3, "word": "tie"}
+    (tmp_path / "02b_remove_scale_boost.record.json").write_text(json.dumps(
+        {"boost_table": table, "costs": costs, "boost": [{"model": "m", "versus": versus}]}))
+    line = remove_scale_boost(Records(tmp_path))[0]
+    assert "boosting minus removal -0.030 [-0.080, +0.020] (exact McNemar p = 0.3: a tie on these items)" in line
+    assert "text cost of the boost -0.480 [-0.580, -0.380] nats/token (1000 tokens)" in line
+    assert "text cost of the remove +1.560" in line
