@@ -95,7 +95,7 @@ def model_line(rec: Records, model: str, v: pd.DataFrame) -> str:
     parts = [f"**{model}**: removing one head raises held-out accuracy in {len(held)} of its {len(v)} tasks"]
     for r in held.itertuples():
         parts.append(f"{r.task}: {r.chosen} changes it by {r.heldout_delta:+.3f} [{r.heldout_ci_low:+.3f}, "
-                     f"{r.heldout_ci_high:+.3f}] on {r.n_heldout} held-out items"
+                     f"{r.heldout_ci_high:+.3f}] on held-out items 1-{r.n_heldout}"
                      + (f" (first of {int(r.n_equals)} confirmed heads it cannot be told apart from)"
                         if getattr(r, "n_equals", 0) and r.n_equals > 1 else "")
                      + _chosen_label(rec, model, r.task, r.chosen))
@@ -220,7 +220,10 @@ def remove_scale_boost(rec: Records) -> list[str]:
     r = rec.raw.get("02b_remove_scale_boost")
     if not r:
         return []
-    lines = []
+    grade, choose = (r.get("items") or {}).get("grade"), (r.get("items") or {}).get("choose")
+    lines = [f"- **Which items** (chapter 2b): doses and sets are chosen on confirm items {choose[0] + 1}-{choose[1]} "
+             f"and graded on held-out items {grade[0] + 1}-{grade[1]}, after those chapters 1a and 2 used."] \
+        if grade and choose else []
     dose = pd.DataFrame(r.get("dose", []))
     if len(dose):
         lines.append(dose_line(dose))

@@ -22,7 +22,7 @@ def test_the_bottom_line_reads_every_number_from_the_records(tmp_path):
                                          "label": "offset"}]}))
     lines = bottom_line(Records(tmp_path))
     m = lines[0]
-    assert "in 1 of its 2 tasks" in m and "L1H2 changes it by +0.185 [+0.110, +0.260] on 200 held-out items" in m
+    assert "in 1 of its 2 tasks" in m and "L1H2 changes it by +0.185 [+0.110, +0.260] on held-out items 1-200" in m
     assert "first of 3 confirmed heads" in m and "**offset** (weak: the same label on 71% of item resamples) on 267 " \
         "fresh items" in m
     assert "gain 0.10 one 93% of the time and a null one 1%" in m
@@ -125,3 +125,14 @@ def test_boost_and_removal_head_to_head_with_their_text_costs(tmp_path):
     assert "boosting minus removal -0.030 [-0.080, +0.020] (exact McNemar p = 0.3: a tie on these items)" in line
     assert "text cost of the boost -0.480 [-0.580, -0.380] nats/token (1000 tokens)" in line
     assert "text cost of the remove +1.560" in line
+
+
+def test_chapter_2bs_lines_say_which_items(tmp_path):
+    """'Held-out' named items 1-200 in one section and 201-300 in another: 2b's lines name their item ranges."""
+    from cel_utils.findings import remove_scale_boost
+
+    (tmp_path / "02b_remove_scale_boost.record.json").write_text(json.dumps(
+        {"items": {"choose": [200, 300], "grade": [200, 300]}, "dose": []}))
+    assert remove_scale_boost(Records(tmp_path))[0] == (
+        "- **Which items** (chapter 2b): doses and sets are chosen on confirm items 201-300 and graded on held-out "
+        "items 201-300, after those chapters 1a and 2 used.")
