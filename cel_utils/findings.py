@@ -141,6 +141,42 @@ def bottom_line(rec: Records) -> list[str]:
     return lines
 
 
+SHIFT_WORDS = {"a class loses items": "yes: a class loses items", "no class loses items": "no: no class loses items",
+               "harmful": "no (a loss)", "none": "no change", "unclear": "cannot tell"}
+
+
+def bottom_table(rec: Records) -> pd.DataFrame:
+    """The bottom line as a table, one row per pair whose chosen head helps on held-out items (chapter 1a): the
+    head, its held-out gain with CI and the items it is on, whether answers moved toward one label (chapter 1a's
+    per-class test on the same items: ``a class loses items`` is a shift), and chapter 1c's transfer reading and
+    label with its stability (firm or weak), or "not tested".
+
+        >>> import tempfile
+        >>> bottom_table(Records(tempfile.mkdtemp())).empty
+        True
+    """
+    v = rec.verdicts()
+    if v.empty:
+        return pd.DataFrame()
+    classes = pd.DataFrame(rec.raw.get("01a_landscape", {}).get("classes", []))
+    rows = []
+    for r in v[v.holds.astype(bool)].itertuples():
+        c = classes[(classes.model == r.model) & (classes.task == r.task) & (classes.heads == r.chosen)] \
+            if len(classes) else classes
+        b = chosen_battery(rec, r.model, r.task, r.chosen)
+        share = (b or {}).get("label_distribution", {}).get((b or {}).get("label"), np.nan)
+        rows.append({"model": r.model, "task": r.task, "head": r.chosen, "heldout_delta": r.heldout_delta,
+                     "heldout_ci_low": r.heldout_ci_low, "heldout_ci_high": r.heldout_ci_high,
+                     "items": f"held-out 1-{int(r.n_heldout)}",
+                     "one_label_shift": SHIFT_WORDS.get(c["kind"].iloc[0], c["kind"].iloc[0]) if len(c) else
+                     "no per-class test",
+                     "transfer": (b["checks"].get("transfer", {}).get("reading") or "not measured") if b else
+                     "not tested",
+                     "label": b["label"] if b else "not tested",
+                     "stability": f"{share:.0%}, {strength(share)}" if b and _num(share) else ""})
+    return pd.DataFrame(rows)
+
+
 def so_line(rec: Records, v: pd.DataFrame) -> str:
     """The counting sentence: of the pairs whose chosen head helps on held-out items, how many chapter 1c tested,
     how many of those it labels a capability (firm or weak), and where its rule misses its own target.

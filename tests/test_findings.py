@@ -136,3 +136,25 @@ def test_chapter_2bs_lines_say_which_items(tmp_path):
     assert remove_scale_boost(Records(tmp_path))[0] == (
         "- **Which items** (chapter 2b): doses and sets are chosen on confirm items 201-300 and graded on held-out "
         "items 201-300, after those chapters 1a and 2 used.")
+
+
+def test_the_bottom_table_joins_chapter_1as_gain_and_class_test_with_chapter_1cs_label(tmp_path):
+    """Issue 50: the bottom line as a table computed from 1a and 1c together: one row per localized head, its
+    held-out gain and items, 1a's per-class test (a class losing items is a shift toward one label), 1c's transfer
+    reading and label with its stability, 'not tested' where 1c did not run on it."""
+    from cel_utils.findings import bottom_table
+
+    verdict = [_pair("a"), dict(_pair("b"), chosen="L3H3"), _pair("c", holds=False)]
+    classes = [{"model": "m", "task": "b", "heads": "L3H3", "kind": "a class loses items"},
+               {"model": "m", "task": "a", "heads": "L9H9", "kind": "no class loses items"}]   # another head
+    bat = _battery("a", "format-specific", 0.545, 0.9)
+    bat["checks"] = {"transfer": {"reading": "cannot tell"}}
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"verdict": verdict, "pairs": [],
+                                                                     "classes": classes}))
+    (tmp_path / "01c_capability.record.json").write_text(json.dumps({"batteries": [bat], "labels": []}))
+    t = bottom_table(Records(tmp_path)).set_index("task")
+    assert list(t.index) == ["a", "b"]
+    assert t.loc["a", "label"] == "format-specific" and t.loc["a", "stability"] == "55%, weak"
+    assert t.loc["a", "transfer"] == "cannot tell" and t.loc["a", "one_label_shift"] == "no per-class test"
+    assert t.loc["b", "label"] == "not tested" and t.loc["b", "one_label_shift"] == "yes: a class loses items"
+    assert t.loc["b", "items"] == "held-out 1-200" and t.loc["b", "head"] == "L3H3"
