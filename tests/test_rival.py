@@ -141,3 +141,24 @@ def test_the_signatures_power_at_the_excess_the_confirmed_heads_could_produce():
         shares.append((np.sign(x) * np.sign(y) < 0).mean() - 0.5)
     assert np.mean(shares) == pytest.approx(r.realistic_excess, abs=0.004)
     assert "power_realistic" not in rival.signature(land, n_perm=50).columns
+
+
+def test_the_noise_prediction_can_be_met():
+    """Issue 50: the toy never gives noise a 'met' (at its joint optimum a one-sided gain is excluded), so the rule
+    must be shown able to say it. Cells built from planted runs (softmax runs whose best removal is a noise head,
+    one-sided, as in test_runs_are_classified_as_the_accounts_define; abstaining heads whose runs have none):
+    noise's prediction reads 'met' and conflict's 'not met'; the opposite planting the reverse."""
+    def cells(one_sided: dict) -> pd.DataFrame:
+        rows = []
+        for v in rival.VARIANTS:
+            k = one_sided[v]
+            two, two_lo, two_hi = rival.share_ci(20 - k, 20)
+            one, lo, hi = rival.share_ci(k, 20)
+            rows.append({"setting": "planted", "variant": v, "sigma": 1.0, "two_sided": two, "two_sided_low": two_lo,
+                         "two_sided_high": two_hi, "one_sided": one, "one_sided_low": lo, "one_sided_high": hi})
+        return pd.DataFrame(rows)
+
+    noise = rival.predictions(cells({"softmax": 19, "softmax1": 1, "gated": 0})).iloc[0]
+    assert (noise.noise, noise.conflict) == ("met", "not met")
+    conflict = rival.predictions(cells({"softmax": 1, "softmax1": 0, "gated": 2})).iloc[0]
+    assert (conflict.noise, conflict.conflict) == ("not met", "met")
