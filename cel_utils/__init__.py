@@ -35,6 +35,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``outcomes`` (the same confirm -> held-out verdict on anyone's per-item outcomes table: ``cel stats``)
 * ``landscape`` (chapter 1a's tables over many verdicts: costs, designs, equals, rank stability, the bridge)
 * ``mechanism`` (inside a head: its direct and total effects, the path split), ``attention`` (where it attends, by role)
+* ``sinks`` (the noise account's proxy in real models: sink mass and output norm per head against removal gain)
 * ``explanation`` (a head's profile, its sentence and record: chapter 2a and ``cel explain``)
 * ``dose`` (remove, scale or boost: dose curves, boost against removal, the per-item ceiling; chapter 2b)
 * ``theory`` (the toy model of chapter 3), ``dynamics`` (its early phase, derived and checked)

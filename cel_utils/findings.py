@@ -326,6 +326,12 @@ def conflict_or_noise(rec: Records) -> list[str]:
                   f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f}"
                   + (f", at the excess the confirmed heads could make from {sig.power_realistic.min():.2f} to "
                      f"{sig.power_realistic.max():.2f}" if "power_realistic" in sig else "") + ")")
+    px = pd.DataFrame(r.get("sinks", []))
+    if len(px):
+        noise += (f". The noise account's proxy: in {int((px.sink_reading == 'tracks').sum())} of {len(px)} pairs a "
+                  f"head's removal gain is shown to track its attention-sink mass, in "
+                  f"{int((px.out_norm_reading == 'tracks').sum())} its output norm (Spearman, Holm; not shown is not "
+                  "absent)")
     lines.append(noise + ".")
     net = r.get("network") or {}
     if net.get("predictions"):

@@ -25,7 +25,7 @@ CI_PARAMETERS = {
     "02a_mechanism": {"heads_per_model": 1, "n_items": 8, "n_tokens": 5, "n_positions": 6, "n_flipped_rows": 2},
     "02b_remove_scale_boost": {"alphas": [0.0, 0.5, 1.0, 1.5], "n_choose": 12, "n_grade": 12, "n_search": 6,
                                "boost_max_k": 2, "recall_k": 3, "recall_budgets": [6.0], "ceiling_wrong": 4, "n_perm": 200, "text_tokens": 200, "n_cost": 6},
-    "03a_conflict_or_noise": {"sigmas": [1e-4, 1.0], "n_seeds": 4, "steps": 1500, "n_perm": 200,
+    "03a_conflict_or_noise": {"sigmas": [1e-4, 1.0], "n_seeds": 4, "steps": 1500, "n_perm": 200, "proxy_items": 4,
                               "net_seeds": 3, "net_steps": 100, "net_every": 50},
     "04_findings": {},
     "05_closing": {},

@@ -103,12 +103,15 @@ def test_the_toys_noise_verdict_is_said_to_be_by_construction(tmp_path):
     pred = [{"setting": "conflict", "sigma": 1.0, "conflict": "met", "noise": "not met"}]
     sig = [{"model": "m", "task_a": "A", "task_b": "B", "p_opposite_holm": 0.5, "p_same_holm": 0.6,
             "power_excess": p, "power_realistic": q} for p, q in ((0.43, 0.05), (0.97, 0.13))]
+    px = [{"model": "m", "task": "A", "sink_reading": "tracks", "out_norm_reading": "not shown"},
+          {"model": "m", "task": "B", "sink_reading": "not shown", "out_norm_reading": "not shown"}]
     (tmp_path / "03a_conflict_or_noise.record.json").write_text(json.dumps({"table": table, "predictions": pred,
-                                                                            "signature": sig}))
+                                                                            "signature": sig, "sinks": px}))
     noise = conflict_or_noise(Records(tmp_path))[1]
     assert "the toy cannot show it" in noise and "by construction, not as evidence" in noise
     assert "the largest share of softmax runs with one: 0.050" in noise
     assert "power at +0.10 from 0.43 to 0.97, at the excess the confirmed heads could make from 0.05 to 0.13" in noise
+    assert "in 1 of 2 pairs a head's removal gain is shown to track its attention-sink mass, in 0 its output" in noise
 
 
 def test_boost_and_removal_head_to_head_with_their_text_costs(tmp_path):
