@@ -42,6 +42,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``rival`` (conflict or noise: the toy with heads that can abstain, the signature in real models; chapter 3a)
 * ``toynet`` (the toy's data as tokens, learned by a one-layer attention-only Llama trained on CPU; chapter 3a)
 * ``checks`` (checks for the exercises), ``checks_numeric`` (the exercises' checks that need no model), ``exercises`` (the offline autograder: registry, held-back checks)
+* ``gradebook`` (a folder of submissions graded: one row per student and exercise, CSV or JSON)
 * ``tables`` (tables for people), ``figcheck`` (what every figure must satisfy), ``plots`` (offline plotly figures)
 * ``joint_plots`` (chapter 2's figures), ``theory_plots`` (chapter 3's figures)
 * ``widgets`` (live explorers, the kernel-free subset explorer)

@@ -22,6 +22,7 @@
                [--export DIR] [--out F]
     cel exercises list
     cel exercises check NOTEBOOK
+    cel exercises check FOLDER --summary grades.csv
     cel export --model M --heads SET [--mode zero|scale|mean] [--alpha A] [--means-task T] [--record F] --out DIR
                [--force]
 
@@ -299,12 +300,28 @@ def cmd_exercises(args):
         for ex in EXERCISES:
             print(ex.line())
         return
-    results = grade_file(args.notebook, args.chapter)   # a missing or non-notebook file: CELError, nothing printed
-    for r in results:
-        print(r.line(), flush=True)
-    if any(r.outcome == "FAIL" for r in results):
+    from pathlib import Path
+
+    if Path(args.notebook).is_dir():   # a folder of submissions: one row per student and exercise
+        from .gradebook import grade_folder, write_summary
+
+        table = grade_folder(args.notebook, args.chapter)
+        if args.summary:
+            write_summary(table, args.summary)
+        for (student, nb), g in table.groupby(["student", "notebook"], sort=False):
+            print(f"{student} {nb}: " + ", ".join(f"{(g.outcome == o).sum()} {o}" for o in ("PASS", "FAIL", "MISSING")),
+                  flush=True)
+        outcomes = list(table.outcome)
+    else:
+        if args.summary:
+            raise CELError("--summary goes with a folder of submissions; for one notebook the lines are the summary")
+        results = grade_file(args.notebook, args.chapter)   # a missing or non-notebook file: CELError, nothing printed
+        for r in results:
+            print(r.line(), flush=True)
+        outcomes = [r.outcome for r in results]
+    if "FAIL" in outcomes:
         raise SystemExit(1)
-    if any(r.outcome == "MISSING" for r in results):
+    if "MISSING" in outcomes:
         raise SystemExit(3)
 
 

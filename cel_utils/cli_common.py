@@ -206,7 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex_sub = ex.add_subparsers(dest="action", required=True, parser_class=Parser)
     ex_sub.add_parser("list", help="one line per checked exercise: label, chapter, function, check")
     exc = ex_sub.add_parser("check", help="grade a notebook's exercise functions (the notebook itself is not run)")
-    exc.add_argument("notebook", help="a learner's .ipynb file")
+    exc.add_argument("notebook", help="a learner's .ipynb file, or a folder of submissions (every .ipynb under it; "
+                                      "the student is its first path part below the folder)")
+    exc.add_argument("--summary", default=None, metavar="FILE",
+                     help="with a folder: write one row per student and exercise to FILE (.csv or .json)")
     exc.add_argument("--chapter", default=None,
                      help="grade this chapter's exercises (e.g. 01_screening; 'all': every one); default: the "
                           "chapter whose exercise labels the notebook carries, or that its file is named after")

@@ -416,6 +416,42 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, content, msg):
     assert sorted(tmp_path.iterdir()) == before
 
 
-def test_a_folder_is_bad_input(tmp_path, capsys):
+def test_a_folder_without_notebooks_is_bad_input(tmp_path, capsys):
     code, out, err = run(["exercises", "check", str(tmp_path)], capsys)
-    assert (code, out) == (2, "") and err == f"cel: error: cannot read {tmp_path}: it is not a file\n"
+    assert (code, out) == (2, "") and err == f"cel: error: no notebook (.ipynb) under {tmp_path}\n"
+
+
+def test_a_folder_of_submissions_gives_one_row_per_student_and_exercise(tmp_path, capsys):
+    """Issue 53: a batch grader's summary. alice's chapter-1 notebook passes the McNemar exercise and misses the
+    hook; bob's is empty; carol's is not a notebook (one FAIL row, stage file; grading goes on); a checkpoint copy
+    is skipped. CSV and JSON hold the same rows; the exit status is 1 (a FAIL); --summary with one notebook, or
+    with another suffix, is one line, status 2, nothing written."""
+    import pandas as pd
+
+    subs = tmp_path / "subs"
+    for who, nb in (("alice", notebook(MCNEMAR)), ("bob", notebook("import numpy as np"))):
+        (subs / who).mkdir(parents=True)
+        (subs / who / "01_screening.ipynb").write_text(json.dumps(nb))
+    (subs / "carol").mkdir()
+    (subs / "carol" / "01_screening.ipynb").write_text("not json")
+    (subs / "alice" / ".ipynb_checkpoints").mkdir()
+    (subs / "alice" / ".ipynb_checkpoints" / "01_screening-checkpoint.ipynb").write_text("not json")
+    code, out, err = run(["exercises", "check", str(subs), "--summary", str(tmp_path / "g.csv")], capsys)
+    assert code == 1 and err == ""
+    assert out.splitlines() == ["alice alice/01_screening.ipynb: 1 PASS, 0 FAIL, 1 MISSING",
+                                "bob bob/01_screening.ipynb: 0 PASS, 0 FAIL, 2 MISSING",
+                                "carol carol/01_screening.ipynb: 0 PASS, 1 FAIL, 0 MISSING"]
+    t = pd.read_csv(tmp_path / "g.csv")
+    assert list(zip(t.student, t.exercise.fillna(""), t.outcome)) == [
+        ("alice", "ex-ch1-hook", "MISSING"), ("alice", "ex-ch1-mcnemar", "PASS"), ("bob", "ex-ch1-hook", "MISSING"),
+        ("bob", "ex-ch1-mcnemar", "MISSING"), ("carol", "", "FAIL")]
+    assert t.stage.iloc[-1] == "file" and "is not a notebook" in t.message.iloc[-1]
+    code, _, _ = run(["exercises", "check", str(subs), "--summary", str(tmp_path / "g.json")], capsys)
+    j = json.loads((tmp_path / "g.json").read_text())
+    assert code == 1 and [r["outcome"] for r in j] == list(t.outcome)
+    one = str(subs / "alice" / "01_screening.ipynb")
+    for args, msg in (([one, "--summary", str(tmp_path / "x.csv")], "--summary goes with a folder"),
+                      ([str(subs), "--summary", str(tmp_path / "x.txt")], "--summary takes a .csv or .json")):
+        code, out, err = run(["exercises", "check", *args], capsys)
+        assert code == 2 and msg in err and err.count("\n") == 1 and not (tmp_path / "x.csv").exists()
+        assert not (tmp_path / "x.txt").exists()
