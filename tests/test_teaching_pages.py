@@ -199,3 +199,17 @@ def test_one_code_visibility_convention(nb):
         if "remove-input" in t:
             hidden |= _defined_names("".join(c["source"]))
     assert not (hidden & used), f"{nb}: solutions use names defined in removed cells: {sorted(hidden & used)}"
+
+
+def test_every_exercise_has_one_folded_hint_before_its_solution():
+    """Issue 53: one hint per exercise, collapsed, between the exercise and its solution (so the student edition,
+    which drops the solutions, keeps it)."""
+    hint = r":::\{admonition\} Hint\n:class: dropdown\n\n(?:.+\n)+?:::\n\n"
+    labels, hinted = [], []
+    for nb in sorted(book.NOTEBOOKS.glob("[0-9]*.ipynb")):
+        for c in json.loads(nb.read_text())["cells"]:
+            text = "".join(c["source"])
+            labels += re.findall(r"^:label: (ex-[\w-]+)", text, flags=re.M)
+            hinted += re.findall(rf":::\{{exercise\}}\n:label: (ex-[\w-]+)\n(?:.*\n)*?:::\n\n{hint}:::\{{solution\}} \1\n",
+                                 text)
+    assert labels and sorted(hinted) == sorted(labels), sorted(set(labels) - set(hinted))
