@@ -9,7 +9,9 @@ failed and how (the autograder, :mod:`cel_utils.exercises`, prints that line). T
 * :func:`check_reading` (chapter 1c): a check's reading (holds / fails / cannot tell) from per-item differences,
   against :func:`cel_utils.labels.check`;
 * :func:`check_greedy` (chapter 2): forward selection's path, against :func:`cel_utils.search.greedy`;
-* :func:`check_direct` (chapter 2a): direct contributions to a logit difference through a frozen final norm.
+* :func:`check_direct` (chapter 2a): direct contributions to a logit difference through a frozen final norm;
+* :func:`check_equal_rate_null` (chapter 2b): the per-item ceiling's equal-rate null, against its closed form;
+* :func:`check_kind` (chapter 3a): what a removal does to two tasks, against :func:`cel_utils.rival.kind_of`.
 
 Example:
     >>> from scipy.stats import false_discovery_control
@@ -24,6 +26,7 @@ from typing import Callable
 import numpy as np
 
 from .labels import check as reading_check
+from .rival import kind_of
 from .search import greedy
 
 # ---------------------------------------------------------------------------------------------------------
@@ -169,3 +172,53 @@ def check_direct(fn: Callable, cases=None) -> None:
             raise AssertionError(f"{len(outs)} components of width {outs.shape[1]}: yours {np.round(got, 4).tolist()}"
                                  f", expected {np.round(ref, 4).tolist()}. {hint}")
     print(f"check_direct passed: {len(cases)} cases; the contributions add up to the logit difference")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 2b: the per-item ceiling's equal-rate null
+# ---------------------------------------------------------------------------------------------------------
+NULL_CASES = (([3, 1, 0, 8], 12), ([2, 2, 2], 10), ([5], 5), ([0, 0], 7), ([1, 9, 4, 4, 0, 2], 32))
+
+
+def check_equal_rate_null(fn: Callable, cases=NULL_CASES, as_list: bool = False) -> None:
+    """Check ``fn(fixes, n_wrong) -> share``: ``fixes`` holds how many of ``n_wrong`` wrong items each head's
+    removal fixes; under the equal-rate null every head fixes every wrong item independently with the same
+    probability ``p = mean(fixes) / n_wrong``, so the expected share of wrong items some head fixes is
+    ``1 - (1 - p) ** k`` for ``k`` heads. Compared with that closed form. ``as_list``: ``fixes`` passed as a list
+    (as a chapter's JSON record holds it), not an array."""
+    for fixes, n in cases:
+        k, p = len(fixes), float(np.mean(fixes)) / n
+        want = 1 - (1 - p) ** k
+        got = float(fn(list(fixes) if as_list else np.asarray(fixes), n))
+        if not np.isclose(got, want, rtol=1e-9, atol=1e-12):
+            per_head = 1 - float(np.prod(1 - np.asarray(fixes, float) / n))
+            hint = ("That is each head at its own rate, the permutation null's mean; the equal-rate null gives every "
+                    "head the mean rate." if np.isclose(got, per_head) else
+                    "An item is fixed by some head unless every head misses it: 1 - (1 - p) ** k.")
+            raise AssertionError(f"case fixes {list(fixes)} of {n} wrong items: your share is {got:.6f}, the "
+                                 f"equal-rate null's is {want:.6f}. {hint}")
+    print(f"check_equal_rate_null passed: {len(cases)} cases")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 3a: what a removal does to two tasks
+# ---------------------------------------------------------------------------------------------------------
+KIND_CASES = (([0.1, 0.1, 0.0, 0.05], [-0.1, 0.0, -0.1, -0.01], 0.02),
+              ([0.02, 0.021, 0.5, 0.5], [-0.5, -0.021, -0.02, -0.3], 0.02))
+
+
+def check_kind(fn: Callable, cases=KIND_CASES) -> None:
+    """Check ``fn(gain_a, change_b, eps) -> kinds``: per removal, ``two-sided`` when task A gains more than
+    ``eps`` and task B loses more than ``eps`` (each change signed so that positive is better), ``one-sided`` when
+    A gains more than ``eps`` and B does not lose more than ``eps``, else ``none``; compared with
+    :func:`cel_utils.rival.kind_of` (chapter 3a's classification)."""
+    for a, b, eps in cases:
+        want = kind_of(a, b, eps).tolist()
+        got = [str(x) for x in fn(np.asarray(a), np.asarray(b), eps)]
+        if got != want:
+            i = next(j for j, (x, y) in enumerate(zip(got, want)) if x != y) if len(got) == len(want) else 0
+            raise AssertionError(f"removal {i} (A gains {a[i]:+g}, B changes {b[i]:+g}, eps {eps:g}): yours says "
+                                 f"{got[i] if i < len(got) else None!r}, the accounts' definition {want[i]!r}. A "
+                                 "change counts only when it is more than eps; B's change is signed (positive is "
+                                 "better).")
+    print(f"check_kind passed: {len(cases)} cases")

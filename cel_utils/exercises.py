@@ -37,7 +37,8 @@ import torch
 
 from .ablation import ablate_heads, format_heads
 from .checks import check_ablation, check_mcnemar, check_rates, check_screen, tiny_lm
-from .checks_numeric import check_bh, check_direct, check_greedy, check_reading, direct_cases, pair_score, reading_cases
+from .checks_numeric import (check_bh, check_direct, check_equal_rate_null, check_greedy, check_kind, check_reading,
+                             direct_cases, pair_score, reading_cases)
 from .errors import CELError
 from .stats import fixes_breaks, mcnemar_exact
 from .tasks import Task
@@ -163,6 +164,15 @@ def _direct_other_shapes(fn: Callable) -> None:
     check_direct(fn, cases=direct_cases(seed=3, rest=1.5))
 
 
+def _null_other_counts(fn: Callable) -> None:
+    check_equal_rate_null(fn, cases=(([40, 0, 0, 0, 1], 40), ([1], 300), (list(range(12)), 64)), as_list=True)
+
+
+def _kind_other_eps(fn: Callable) -> None:
+    check_kind(fn, cases=(([0.0, -0.3, 0.2, 0.2], [0.3, 0.3, -0.2, -0.19], 0.0),
+                          ([0.1, 0.11, 0.11], [-0.11, -0.1, 0.5], 0.1)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the registry
 # ---------------------------------------------------------------------------------------------------------
@@ -210,6 +220,10 @@ EXERCISES: tuple[Exercise, ...] = (
              check_direct, (("a residual with a component not in outs", _direct_other_shapes),)),
     Exercise("ex-ch3-derive", "03_theory", "my_rates", "(setup, lr) -> dict of rates", check_rates,
              (("set-ups with correlated distractors and other m", _rates_other_setups),)),
+    Exercise("ex-ch2b-null", "02b_remove_scale_boost", "my_equal_rate_null", "(fixes, n_wrong) -> share",
+             check_equal_rate_null, (("fixes as a list, a head fixing all, one item in many, twelve heads", _null_other_counts),)),
+    Exercise("ex-ch3a-kind", "03a_conflict_or_noise", "my_kind", "(gain_a, change_b, eps) -> kinds", check_kind,
+             (("eps of 0 and of 0.1, changes at the edge", _kind_other_eps),)),
 )
 
 
