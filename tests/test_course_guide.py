@@ -30,5 +30,26 @@ def test_every_chapter_has_a_session_and_exercises_exist():
     labels = set()
     for nb in book.NOTEBOOKS.glob("*.ipynb"):
         labels |= set(re.findall(r":label: (ex-[\w-]+)", nb.read_text(encoding="utf-8")))
-    named = set(re.findall(r"`(ex-[\w-]+)`", sessions))
+    named = set(re.findall(r"`(ex-[\w-]+)(?: <ex-[\w-]+>)?`", sessions))
     assert named and named <= labels, named - labels
+    links = re.findall(r"\{ref\}`(ex-[\w-]+) <(ex-[\w-]+)>`", sessions)
+    assert links and all(a == b for a, b in links)
+    assert not re.findall(r"(?<!\{ref\})`ex-[\w-]+`", sessions), "an exercise named without a link"
+
+
+def test_every_session_names_its_homework():
+    """Issue 53: homework named per session, so its load can be estimated."""
+    sessions = re.split(r"^## Session \d+", GUIDE.read_text(encoding="utf-8"), flags=re.M)[1:]
+    assert all("**Homework**" in s.split("\n## ")[0] for s in sessions)
+
+
+def test_every_session_has_a_handout_and_each_discussion_an_expected_answer():
+    """Issue 53: handouts existed for sessions 1 and 6 only, and the 2b and 3a prompts had no expected answer."""
+    notes = (GUIDE.parent / "instructor_notes.md").read_text(encoding="utf-8")
+    text = GUIDE.read_text(encoding="utf-8")
+    n = len(re.findall(r"^## Session \d+", text, flags=re.M))
+    assert sorted(int(k) for k in re.findall(r"^### Handout: session (\d+),", notes, flags=re.M)) == list(range(1, n + 1))
+    for k in range(1, n + 1):
+        section = re.split(r"^## Session \d+", text, flags=re.M)[k].split("\n## ")[0]
+        if "Discussion" in section or "debrief" in section:
+            assert re.search(rf"^### Session {k} (discussion|debrief)", notes, flags=re.M), k
