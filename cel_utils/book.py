@@ -47,6 +47,15 @@ def record(path: str | os.PathLike, values: dict) -> None:
     write_json_atomic(path, values)
 
 
+def glue_values(**values) -> None:
+    """Glue settings for a chapter's prose (myst-nb: ``{glue:text}`name``` in a markdown cell shows the value), so
+    that no setting is typed into the text; each value as a plain Python number or string."""
+    from myst_nb import glue
+
+    for name, value in values.items():
+        glue(name, value.item() if hasattr(value, "item") else value, display=False)
+
+
 def check_parameters(namespace: dict, **types) -> None:
     """Fail with one clear message when a notebook parameter has the wrong type (e.g. from papermill -p).
 

@@ -188,6 +188,8 @@ def test_one_code_visibility_convention(nb):
     tags = [c.get("metadata", {}).get("tags", []) for c in code]
     first = next(i for i, t in enumerate(tags) if "parameters" in t) + 1
     assert "hide-input" in tags[first], f"{nb}: the set-up cell is not collapsed"
+    open_cells = [i for i, t in enumerate(tags) if not {"parameters", "hide-input", "remove-input"} & set(t)]
+    assert not open_cells, f"{nb}: code cells {open_cells} are open (the chapters fold their code: issue 53)"
     used = set()
     for sol in book.solution_code({"cells": cells}):  # names a solution reads but binds nowhere itself
         tree = ast.parse(sol)
