@@ -19,12 +19,15 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .ablation import Head, compute_head_means
+from .ablation import Head, compute_head_means, format_set, parse_set
 from .defaults import COLLATERAL_NLL, LABEL_BOOT, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
 from .effects import item_labels
+from .engine import screen_work
 from .errors import CELError
+from .formats import FORMATS
 from .io import json_safe
 from .labels import HOLDS, Outcomes, checks, label, label_distribution
+from .models import load_model
 from .operating import operating_characteristics
 from .robust import ablation_types, format_changes, generation, other_tasks, text_nll
 from .scoring import encode_task
@@ -262,6 +265,59 @@ def pair_operating(outs: dict[str, Outcomes], s: RobustSettings, name: str) -> p
     if real is not None and real.generation is None and o.generation is not None:
         real = replace(real, generation=(o.generation[0], o.generation[0]))   # a stopped-early null: no generation run
     return operating_characteristics(base, tau=tau, n_sim=s.oc_sims, seed=s.seed, real=real)
+
+
+def pick_sets(rec, battery_pairs: int = 1, other_confirmed: int = 2, random_heads: int = 2, n_search: int = 32,
+              seed: int = 0) -> tuple[pd.DataFrame, list[str], bool]:
+    """Chapter 1c's head sets, from chapter 1a's verdicts and chapter 2's chosen sets (``rec``: a
+    :class:`~cel_utils.records.Records`): per model its first ``battery_pairs`` localized pairs with formats
+    (chapter 2's pair first, so its chosen sets join, then the cheapest screens,
+    :func:`cel_utils.engine.screen_work`), each with its chosen head, that head's equals, chapter 2's chosen set
+    (or all confirmed heads), the learned gates' set, up to ``other_confirmed`` other confirmed heads (largest
+    confirm gain first), a null control (:meth:`cel_utils.records.Pair.null_control`) and ``random_heads`` random
+    unconfirmed heads (seeded by the pair); a model with nothing localized gets its first pair's strongest search
+    head, marked ``exploratory``, with its null control. Returns (one row per set: ``model``, ``task``, ``role``,
+    ``heads``; the localized pairs left out, named; whether nothing at all was localized)."""
+    picks, left = [], []
+    ran_in_2 = {(m, t) for m, ts in (rec["02_joint_search"].get("tasks") or {}).items() for t in ts} \
+        if "02_joint_search" in rec else set()
+    rows = sorted(rec.verdicts().to_dict("records"), key=lambda r: ((r["model"], r["task"]) not in ran_in_2, screen_work(
+        load_model(r["model"]), load_task(r["task"], "search", n=n_search, seed=seed, clip=True))))
+    for row in rows:
+        pair = rec.pair(row["model"], row["task"])
+        if not row["holds"] or row["task"] not in FORMATS:
+            continue
+        if len({p[1] for p in picks if p[0] == row["model"]}) >= battery_pairs:
+            left.append(f"{row['model']} / {row['task']} ({row['chosen']})")
+            continue
+        m, t, chosen = row["model"], row["task"], row["chosen"]
+        picks.append((m, t, "chosen head", chosen))
+        equals = [h for h in (row.get("equals") or "").split(", ") if h and h != chosen]
+        picks += [(m, t, "equal of the chosen head", h) for h in equals]
+        joint_set = rec.joint_chosen(m, t)
+        chosen_set = joint_set or (format_set(parse_set(",".join(pair.confirmed))) if len(pair.confirmed) > 1 else None)
+        if chosen_set and chosen_set != chosen:
+            picks.append((m, t, "chosen set (chapter 2)" if joint_set else "all confirmed heads", chosen_set))
+        gates = rec.gates_chosen(m, t)
+        if gates and gates not in (chosen, chosen_set):
+            picks.append((m, t, "learned gates' set (chapter 2)", gates))
+        rest = sorted((h for h in pair.confirmed if h != chosen and h not in equals), key=lambda h: -pair.confirm_gain(h))
+        picks += [(m, t, "confirmed head", h) for h in rest[:other_confirmed] if h != chosen_set]
+        if pair.null_control(chosen):
+            picks.append((m, t, "null control", pair.null_control(chosen)))
+        rng = np.random.default_rng([seed, len(t), len(m)])
+        pool = [h for h in pair.screened_heads if h not in pair.confirmed]
+        randoms = [pool[i] for i in rng.choice(len(pool), size=min(random_heads, len(pool)), replace=False)]
+        picks += [(m, t, "random head", h) for h in randoms if h not in {p[3] for p in picks if p[:2] == (m, t)}]
+    localized = {p[0] for p in picks if p[2] == "chosen head"}
+    for m in dict.fromkeys(p.model for p in rec.pairs()):
+        pair = next((p for p in rec.pairs(m) if p.task in FORMATS), None) if m not in localized else None
+        if pair is not None:   # nothing localized: the strongest search head of its first pair with formats
+            top = pair.search_order()[0]
+            picks.append((m, pair.task, "exploratory", top))
+            if pair.null_control(top):
+                picks.append((m, pair.task, "null control", pair.null_control(top)))
+    return pd.DataFrame(picks, columns=["model", "task", "role", "heads"]), left, not localized
 
 
 def readings(b: Battery) -> dict:

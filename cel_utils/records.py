@@ -65,6 +65,19 @@ class Pair:
         row = c[c["heads"] == head] if len(c) else c
         return float(row["confirm_delta_accuracy"].iloc[0]) if len(row) else 0.0
 
+    def null_control(self, head: str) -> str | None:
+        """The null control of ``head``: the head of its layer, other than itself and not confirmed, whose removal
+        changed the search margin least (chapters 1c and 2a); None when the layer has no other such head.
+
+            >>> Pair({"screened_heads": ["L0H0", "L0H1", "L0H2", "L1H0"], "delta_margin": [0.5, 0.2, -0.3, 0.0],
+            ...       "confirmed": ["L0H0"]}).null_control("L0H0")
+            'L0H1'
+        """
+        layer = head[:head.index("H")]            # "L3H1" -> "L3"
+        same = [(abs(d), h) for h, d in zip(self.screened_heads, self.delta_margin)
+                if h[:h.index("H")] == layer and h != head and h not in self.confirmed]
+        return min(same)[1] if same else None
+
     def search_order(self) -> list[str]:
         """The screened heads, best first by the change in search margin."""
         return [h for _, h in sorted(zip(self.delta_margin, self.screened_heads), key=lambda x: -x[0])]

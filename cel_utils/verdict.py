@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .ablation import Head, format_set, layer_of, parse_heads, parse_set
+from .ablation import Head, format_set, parse_heads, parse_set
 from .compare import Comparison
 from .defaults import POWER, POWER_GAIN, POWER_SIMS
 from .design import Design
@@ -242,7 +242,7 @@ def heads_to_explain(pairs: Sequence[Pair], k: int = 2) -> list[dict]:
     with the largest confirm-split gain (the head chapter 1a chose), then the others by confirm gain (held-out
     results only filter, they never rank); when none held anywhere, each task's head with the largest search-split
     margin gain, marked ``exploratory``. Each pick carries a same-layer ``control`` head whose removal changed the
-    search margin least.
+    search margin least, not confirmed (:meth:`cel_utils.records.Pair.null_control`, chapter 1c's null too).
 
     Example:
         >>> p = Pair({"task": "t", "screened_heads": ["L0H0", "L0H1"], "delta_margin": [0.5, 0.01],
@@ -265,9 +265,7 @@ def heads_to_explain(pairs: Sequence[Pair], k: int = 2) -> list[dict]:
     out = []
     for task, head, status in picks[:k]:
         p = next(q for q in pairs if q.task == task)
-        same = [(abs(v), h) for h, v in zip(p.screened_heads, p.delta_margin) if layer_of(h) == layer_of(head)
-                and h != head]
-        out.append({"task": task, "head": head, "status": status, "control": min(same)[1] if same else None})
+        out.append({"task": task, "head": head, "status": status, "control": p.null_control(head)})
     return out
 
 

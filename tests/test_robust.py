@@ -376,3 +376,47 @@ def test_the_text_window_grows_for_every_set_when_one_cost_interval_is_too_wide(
     calls.clear()
     bat.text_window(None, {"b": [(1, 1)]}, bat.RobustSettings(text_tokens=6000))   # no larger window asked
     assert calls == [(6000, ["b"])]
+
+
+def test_the_battery_picks_its_sets_from_the_records(tmp_path, monkeypatch):
+    """Chapter 1c's set picker (battery.pick_sets, once the notebook's own code) on planted records: model m has two
+    localized pairs with formats (agreement first: chapter 2 searched it, so its chosen set joins), one pair per
+    model goes through (the other is listed); the chosen head, its equal, chapter 2's set, the learned gates' set,
+    the other confirmed head, the null control (the same layer's least-moving head that is not confirmed) and the
+    random heads (none confirmed); model g, with nothing localized, gets its strongest search head, exploratory."""
+    import json
+
+    from cel_utils import battery as bat
+    from cel_utils.records import Records
+
+    monkeypatch.setattr(bat, "load_model", lambda name: name)
+    monkeypatch.setattr(bat, "screen_work", lambda lm, task: {"addition": 1, "agreement": 2}.get(task.name, 3))
+    heads = ["L0H0", "L0H1", "L0H2", "L1H0", "L1H1", "L1H2"]
+
+    def pair(model, task, confirmed, margins):
+        return {"model": model, "task": task, "screened_heads": heads, "delta_margin": margins,
+                "delta_accuracy": [0.0] * 6, "confirmed": confirmed,
+                "sets": [{"heads": h, "offered": True, "confirm_delta_accuracy": g} for h, g in
+                         zip(confirmed, (0.2, 0.1, 0.05))]}
+
+    pairs = [pair("m", "agreement", ["L1H1", "L1H2", "L0H0"], [0.3, 0.02, -0.01, 0.05, 0.4, 0.01]),
+             pair("m", "addition", ["L0H1"], [0.0, 0.5, 0.1, 0.2, 0.0, 0.1]),
+             pair("g", "agreement", [], [0.1, 0.9, 0.0, 0.2, 0.3, -0.1])]
+    verdict = [{"model": "m", "task": "agreement", "holds": True, "chosen": "L1H1", "equals": "L1H1, L1H2"},
+               {"model": "m", "task": "addition", "holds": True, "chosen": "L0H1", "equals": "L0H1"},
+               {"model": "g", "task": "agreement", "holds": False, "chosen": None, "equals": ""}]
+    (tmp_path / "01a_landscape.record.json").write_text(json.dumps({"verdict": verdict, "pairs": pairs}))
+    (tmp_path / "02_joint_search.record.json").write_text(json.dumps(
+        {"tasks": {"m": ["agreement"]}, "pairs": [{"model": "m", "task": "agreement", "chosen": "L1H1+L1H2"}]}))
+    t, left, exploratory = bat.pick_sets(Records(tmp_path), battery_pairs=1, other_confirmed=2, random_heads=2)
+    m = t[t.model == "m"]
+    assert set(m.task) == {"agreement"} and left == ["m / addition (L0H1)"] and not exploratory
+    roles = dict(zip(m.role, m.heads))
+    assert roles["chosen head"] == "L1H1" and roles["equal of the chosen head"] == "L1H2"
+    assert roles["chosen set (chapter 2)"] == "L1H1+L1H2" and roles["confirmed head"] == "L0H0"
+    assert roles["null control"] == "L1H0"   # L1H2 moves less, but it is confirmed: L1H0 is the least of the rest
+    randoms = m[m.role == "random head"].heads.tolist()
+    assert 1 <= len(randoms) <= 2 and not set(randoms) & {"L1H1", "L1H2", "L0H0"}   # a draw already picked drops
+    assert len(set(m.heads)) == len(m)
+    g = t[t.model == "g"]
+    assert g.role.tolist() == ["exploratory", "null control"] and g.heads.tolist() == ["L0H1", "L0H2"]
