@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .ablation import Head, compute_head_means, format_set, parse_set
-from .defaults import COLLATERAL_NLL, LABEL_BOOT, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
+from .defaults import COLLATERAL_NLL, LABEL_BOOT, LABEL_FIRM, N_BOOT, OC_SIMS, ROBUST_ITEMS, TEXT_TOKENS
 from .effects import item_labels
 from .engine import screen_work
 from .errors import CELError
@@ -121,6 +121,63 @@ class Battery:
             "label": self.label, "label_distribution": self.label_distribution,
             "operating_characteristics": None if self.operating is None else
             self.operating.reset_index().to_dict("records")})
+
+
+READ = {"holds": "holds", "fails": "fails", "cannot tell": "?"}   # a check's reading in chapter 1c's label table
+
+
+def row(b: Battery, role: str) -> dict:
+    """One set's row of chapter 1c's label tables: its label with how often item resamples give it again
+    (``label_share``), the gain in its own format with CI, each check's reading (``READ``), the transfer, survival,
+    offset and generation estimates with CIs, the text cost (with its token count) and the control task's change."""
+    c = b.checks
+    f = b.formats[b.formats["set"] == b.heads].set_index("format")
+    r = {"model": b.model, "task": b.task, "heads": b.heads, "role": role, "label": b.label,
+         "label_share": b.label_distribution.get(b.label, float("nan")), "n": b.n,
+         "gain": f.loc["default", "delta"], "gain_ci_low": c["effect"]["ci_low"], "gain_ci_high": c["effect"]["ci_high"]}
+    for k in ("transfer", "format_specific", "survives", "offset", "generation", "teacher_forcing", "label_shift",
+              "cost"):
+        r[k] = READ.get(c[k]["reading"]) if k in c else None
+    for k in ("transfer", "survives", "offset", "generation"):
+        r[f"{k}_est"] = c[k]["estimate"] if k in c else None
+        r[f"{k}_lo"], r[f"{k}_hi"] = (c[k]["ci_low"], c[k]["ci_high"]) if k in c else (None, None)
+    r["text_nll_delta"], r["nll_ci_low"], r["nll_ci_high"] = (b.collateral["text_nll_delta"],
+                                                             b.collateral.get("text_nll_ci_low"),
+                                                             b.collateral.get("text_nll_ci_high"))
+    r["text_tokens"] = b.collateral.get("text_tokens") or None
+    r["control_task"], r["control_delta"] = b.control_task.get("task"), b.control_task.get("delta")
+    return r
+
+
+def sentence(b: Battery, role: str) -> str:
+    """Chapter 1c's sentence for one set (a markdown list item): its label, firm or weak (:data:`LABEL_FIRM` of
+    item resamples), the gain in its own format, and each measured check's estimate with CI and reading."""
+    c, share = b.checks, b.label_distribution.get(b.label, float("nan"))
+    e = c["effect"]
+    firm = "firm" if share >= LABEL_FIRM else "weak"
+    bits = [f"**{b.heads}** ({b.model}, {b.task}, {role}) is labelled **{b.label}** ({firm}: the same label on "
+            f"{share:.0%} of item resamples): gain {e['estimate']:+.3f} [{e['ci_low']:+.3f}, "
+            f"{e['ci_high']:+.3f}] in the task's own format on {b.n} items"]
+    t = c.get("transfer", {})
+    if t.get("estimate") is not None:
+        bits.append(f"over the {len(t['formats'])} other formats with room {t['estimate']:+.3f} "
+                    f"[{t['ci_low']:+.3f}, {t['ci_high']:+.3f}] ({t['reading']})")
+    elif "transfer" in c:
+        bits.append("no other format leaves room to tell whether it transfers")
+    for k, what in (("survives", "under mean or resample ablation"), ("offset", "zero minus resample"),
+                    ("generation", "in free generation")):
+        if k in c and c[k].get("estimate") is not None:
+            bits.append(f"{what} {c[k]['estimate']:+.3f} [{c[k]['ci_low']:+.3f}, {c[k]['ci_high']:+.3f}] "
+                        f"({c[k]['reading']})")
+    if not b.ablations:
+        bits.append("the battery stopped at the formats, which decide the label")
+    col = b.collateral
+    if col["text_nll_delta"] is not None:
+        bits.append(f"NLL on general text {col['text_nll_delta']:+.4f} nats/token [{col['text_nll_ci_low']:+.4f}, "
+                    f"{col['text_nll_ci_high']:+.4f}] on {col['text_tokens']} tokens")
+    if b.control_task.get("task"):
+        bits.append(f"on {b.control_task['task']} (control task) {b.control_task['delta']:+.3f}")
+    return "- " + "; ".join(bits) + "."
 
 
 def decided_by_formats(c: dict) -> bool:

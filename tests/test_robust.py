@@ -133,6 +133,12 @@ def test_a_constant_offset_head_is_an_offset(planted_task, floorless):
     assert b.checks["transfer"]["sign_test"]["positive"] == 7 and b.checks["transfer"]["reading"] == "holds"
     assert b.ablations["zero"]["delta"] == 1.0 and b.ablations["resample"]["delta"] == 0.0
     assert b.checks["offset"]["reading"] == "holds" and b.label == "offset"
+    r, line = battery.row(b, "chosen head"), battery.sentence(b, "chosen head")   # chapter 1c's row and sentence
+    assert r["label"] == "offset" and r["offset"] == "holds" and r["gain"] == 1.0
+    share = b.label_distribution["offset"]
+    assert f"is labelled **offset** ({'firm' if share >= 0.8 else 'weak'}: the same label on {share:.0%}" in line
+    b.label_distribution = dict(b.label_distribution, offset=0.5)
+    assert "(weak: the same label on 50% of item resamples)" in battery.sentence(b, "chosen head")
 
 
 def test_a_gain_in_one_format_beside_formats_at_the_ceiling_is_not_called_format_specific(planted_task):
