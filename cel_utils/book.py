@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import lockfile
+from . import lockfile, threads
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -143,7 +143,7 @@ def _run_all(out, only, parameters, kernel, solutions) -> list[dict]:
         if only and nb.stem not in only:
             continue
         print(f"executing {nb.name} ...", flush=True)
-        t0 = time.time()
+        t0, ticks0 = time.time(), threads.busy_ticks()
         ok = True
         src = nb
         if solutions:
@@ -154,12 +154,14 @@ def _run_all(out, only, parameters, kernel, solutions) -> list[dict]:
         except Exception as e:  # the failing notebook is still written, with the error in it
             ok = False
             print(f"  FAILED: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
-        secs = time.time() - t0
+        secs, ticks1 = time.time() - t0, threads.busy_ticks()
+        others = threads.others_busy(ticks0, ticks1, secs) if ticks0 and ticks1 else None
         print(f"  {nb.name}: {secs:.0f} s", flush=True)
         rec = out / f"{nb.stem}.record.json"
         cache_stats = json.loads(rec.read_text()).get("cache", {}) if ok and rec.exists() else {}
         status.append({"notebook": nb.stem, "title": title(nb), "seconds": round(secs, 1), "ok": ok,
-                       "cache_hits": cache_stats.get("hits"), "cache_misses": cache_stats.get("misses")})
+                       "cache_hits": cache_stats.get("hits"), "cache_misses": cache_stats.get("misses"),
+                       "others_cores": None if others is None else round(others, 2)})
     return status
 
 
@@ -195,7 +197,12 @@ def _environment() -> dict:
             versions[pkg] = version(pkg)
         except PackageNotFoundError:
             pass
+    from .models import native_bfloat16
+
+    rank = "bfloat16 (the CPU multiplies it natively)" if native_bfloat16() else \
+        "float32 (the CPU has no native bfloat16)"
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit,
+            "rank_dtype": rank,
             "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU",
             "versions": versions}
 
@@ -220,11 +227,14 @@ def _write_status_page(out: Path, rows: list[dict]) -> None:
              "from the result cache costs almost nothing, so a chapter's time depends on what an earlier run "
              "left in the cache: the *cached results* column counts how many of the results a chapter looked up "
              "in the result cache an earlier run had already computed (work that is never cached is not "
-             "counted).", "",
-             "| chapter | run time | cached results | status |", "|---|---|---|---|"]
+             "counted). The screens rank heads (`rank_dtype = \"auto\"`) in "
+             f"{env['rank_dtype']}; every reported number is float32. *Other processes* is how many cores the rest "
+             "of the machine kept busy while the chapter ran (from `/proc/stat`; 0 means the chapter ran alone).", "",
+             "| chapter | run time | cached results | other processes (cores) | status |", "|---|---|---|---|---|"]
     for r in rows:
+        busy = "not recorded" if r.get("others_cores") is None else f"{r['others_cores']:.2f}"
         lines.append(f"| [{r.get('title', r['notebook'])}]({r['notebook']}.ipynb) | {_minutes(r['seconds'])} | "
-                     f"{cached(r)} | {'ok' if r['ok'] else 'FAILED'} |")
+                     f"{cached(r)} | {busy} | {'ok' if r['ok'] else 'FAILED'} |")
     total = sum(r["seconds"] for r in rows)
     lines += ["", f"Total: {_minutes(total)}.", "", "Package versions: "
               + ", ".join(f"{k} {v}" for k, v in env["versions"].items()) + f". Installed from the lock file "

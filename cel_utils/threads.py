@@ -50,6 +50,29 @@ def cpu_ticks(stat: str, self_stat: str) -> tuple[int, int]:
     return busy, int(rest[11]) + int(rest[12])
 
 
+def others_busy(before: tuple[int, int], after: tuple[int, int], seconds: float) -> float:
+    """Cores other processes kept busy between two :func:`busy_ticks` readings ``seconds`` apart (0 or more).
+
+        >>> others_busy((1000, 400), (1300, 500), 1.0) == 200 / os.sysconf("SC_CLK_TCK")
+        True
+    """
+    hz = os.sysconf("SC_CLK_TCK")
+    return max(0.0, ((after[0] - before[0]) - (after[1] - before[1])) / hz / max(seconds, 1e-3))
+
+
+def busy_ticks() -> tuple[int, int] | None:
+    """(busy ticks of the whole CPU, of this process with its waited-for children: a chapter's kernel once it
+    has exited), for :func:`others_busy` over a run such as a chapter's execution; None where /proc is missing."""
+    try:
+        with open("/proc/stat") as a, open("/proc/self/stat") as b:
+            busy, own = cpu_ticks(a.read(), b.read())
+            b.seek(0)
+            rest = b.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    return busy, own + int(rest[13]) + int(rest[14])     # cutime + cstime: the finished children
+
+
 def _read() -> tuple[int, int] | None:
     try:
         with open("/proc/stat") as a, open("/proc/self/stat") as b:

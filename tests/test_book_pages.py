@@ -55,6 +55,10 @@ def test_execution_status_page(built, staged):
     for ch in book.expected_chapters():
         assert ch in html and H.escape(book.title(book.NOTEBOOKS / f"{ch}.ipynb"), quote=False) in html
     assert "commit" in html and "torch" in html and "reused" in html
+    assert "other processes (cores)" in html and ("in float32 (the CPU has no native bfloat16)" in html or
+                                                  "in bfloat16 (the CPU multiplies it natively)" in html)
+    _, status = staged
+    assert all(s["others_cores"] is not None and s["others_cores"] >= 0 for s in status)
     assert "requirements.lock" in html and lockfile.digest() in html   # the lock every install read
     guide = (built / "book" / "course_guide.html").read_text(encoding="utf-8")
     _, status = staged

@@ -52,3 +52,28 @@ def test_the_toys_descent_runs_on_one_thread_and_gives_it_back(monkeypatch):
     torch.set_num_threads(2)
     theory.train(n_heads=2, steps=3)
     assert set(seen) == {1} and torch.get_num_threads() == 2
+
+
+@pytest.mark.subprocess
+def test_a_chapters_kernel_counts_as_its_own_work_not_as_other_processes(tmp_path):
+    """The execution status page's 'other processes' column: a chapter's kernel is a child of the book's process,
+    so once it has exited its CPU time is in this process's children's ticks, not in 'others'. A kernel that
+    burns 3 s of CPU adds at least 2.5 s to the book's own ticks."""
+    import os
+    import time
+
+    import nbformat
+    import papermill as pm
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time\nt = time.process_time()\nwhile time.process_time() - t < 3:\n"
+                                          "    pass")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "burn.ipynb")
+    before, t0 = threads.busy_ticks(), time.time()
+    pm.execute_notebook(str(tmp_path / "burn.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                        progress_bar=False)
+    after = threads.busy_ticks()
+    own = (after[1] - before[1]) / os.sysconf("SC_CLK_TCK")
+    assert own >= 2.5, own
+    assert threads.others_busy(before, after, time.time() - t0) >= 0.0
