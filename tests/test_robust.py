@@ -426,3 +426,47 @@ def test_the_battery_picks_its_sets_from_the_records(tmp_path, monkeypatch):
     assert len(set(m.heads)) == len(m)
     g = t[t.model == "g"]
     assert g.role.tolist() == ["exploratory", "null control"] and g.heads.tolist() == ["L0H1", "L0H2"]
+
+
+def test_text_nll_starts_each_chunk_as_the_tokenizer_starts_a_text(tiny_llama, monkeypatch):
+    """Gemma's tokenizer puts <bos> before every text and its task prompts have it; the text chunks lacked it, and
+    Gemma's NLL and its heads' costs were measured out of distribution (5.76 nats/token instead of 3.52). A
+    tokenizer planted to add a start token: every chunk starts with it, it is never scored, the same tokens are
+    counted, and the NLL equals transformers' own loss on [start] + chunk with the first text token unlabelled."""
+    from dataclasses import replace
+
+    text = "The quick brown fox jumps over the lazy dog. " * 20
+    monkeypatch.setattr(robust, "english_text", lambda: (text, "test text"))
+    inner = tiny_llama.tokenizer
+    START = 7
+
+    class WithStart:
+        def __call__(self, t, add_special_tokens=True, **kw):
+            out = dict(inner(t, add_special_tokens=False, **kw))
+            out["input_ids"] = ([START] if add_special_tokens else []) + list(out["input_ids"])
+            return out
+
+        def __getattr__(self, name):
+            return getattr(inner, name)
+
+    lm = replace(tiny_llama, tokenizer=WithStart())
+    assert robust.start_tokens(lm.tokenizer) == [START] and robust.start_tokens(inner) == []
+    got = robust.text_nll(lm, {"L1H2": [(1, 2)]}, n_tokens=300, chunk=64, batch_size=3, n_boot=100)
+    ids = inner(text, add_special_tokens=False)["input_ids"][:301]
+    chunks = [ids[i:i + 64] for i in range(0, 300, 63)]
+
+    def loss(heads):
+        from cel_utils.ablation import ablate_heads
+
+        total, count = 0.0, 0
+        with torch.no_grad(), ablate_heads(lm, heads, "zero"):
+            for c in chunks:
+                x = torch.tensor([[START] + c])
+                labels = x.clone()
+                labels[0, :2] = -100                 # the start token, and the first text token after it
+                total += float(lm.model(input_ids=x, labels=labels).loss) * (len(c) - 1)
+                count += len(c) - 1
+        return total / count
+    assert got["text_tokens"] == 300
+    assert got["baseline_nll"] == pytest.approx(loss([]), rel=1e-5)
+    assert got["sets"]["L1H2"]["text_nll_delta"] == pytest.approx(loss([(1, 2)]) - loss([]), rel=1e-4, abs=1e-6)
