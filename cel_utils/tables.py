@@ -30,6 +30,9 @@ WORDS = {"delta": "change in", "acc": "accuracy", "dloss": "change in loss", "da
 SPLITS = {"search": "search split", "confirm": "confirm split", "held-out": "held-out", "explore": "explore split"}
 SET_BREAK = re.compile(r"\+(?=L\d+H\d)")   # a head-set name (L0H7+L11H6) may break after each "+"
 SIGNED = ("delta", "change", "gain", "cost", "dloss", "dacc", "interaction", "area")
+# columns that count things: shown as whole numbers even when a missing value made them floats ("4", not "4.000")
+COUNTS = re.compile(r"^(n|k|size|runs|heads|items|fixes|breaks|tokens|seeds|confirmed_heads|wrong_items)$|^n_|"
+                    r"_(items|fixes|breaks|runs|count|tokens|seeds)$")
 
 
 def header(name: str) -> str:
@@ -100,6 +103,8 @@ def table(df: pd.DataFrame, columns: list[str] | None = None, ci: dict[str, str]
             elif c in formats and not (isinstance(r[c], float) and np.isnan(r[c])):
                 f = formats[c]
                 txt = f(r[c]) if callable(f) else f.format(r[c])
+            elif COUNTS.search(str(c)) and isinstance(r[c], float) and r[c].is_integer():
+                txt = cell(int(r[c]), c, digits)
             else:
                 txt = cell(r[c], c, digits)
             cells.append(f"<td>{SET_BREAK.sub('+<wbr>', escape(txt))}</td>")

@@ -281,3 +281,13 @@ def test_the_figure_checks_find_hidden_data_marks_off_the_log_axis_and_split_col
     monkeypatch.setenv("CEL_STRICT_FIGURES", "1")
     with pytest.raises(CELError, match="hides data"):
         plots.figure(hidden, "a planted figure")
+
+
+def test_counts_show_as_whole_numbers_when_a_missing_value_made_them_floats():
+    """Issue 53: counts printed as '4.000' where a missing value in the column turned them into floats; a count
+    column shows '4', a measured column keeps its digits."""
+    df = pd.DataFrame({"n_items": [4, None], "fixes": [3, 5], "heads": [2.0, float("nan")], "accuracy": [1.0, 0.5],
+                       "text_tokens": [1000.0, None]})
+    html = _visible_text(tables.table(df).data)
+    assert "4.000" not in html and "2.000" not in html and "1,000.000" not in html
+    assert "1,000" in html and "1.000" in html and "0.500" in html
