@@ -143,3 +143,13 @@ def test_outputs_are_for_readers(staged, chapter):
             assert not _table_rows_unequal(t), f"a table row of another width: {_table_rows_unequal(t)[:1]}"
             assert not re.search(r"(\"\"|''|“”|``)(?!`)", t.replace("```", "")), f"an empty quoted token: {t[:120]}"
         assert mime != "application/vnd.jupyter.widget-view+json", "a live widget in the static build"
+
+
+@pytest.mark.parametrize("chapter", book.expected_chapters())
+def test_each_exercise_shows_its_label(built, chapter):
+    """Issue 53: the guide, the notes and the grader name exercises by label; the page shows the same label in each
+    exercise's title ("Exercise 22 (ex-ch2b-null)")."""
+
+    labels = re.findall(r":label: (ex-[\w-]+)", (book.NOTEBOOKS / f"{chapter}.ipynb").read_text())
+    html = (built / "book" / "chapters" / f"{chapter}.html").read_text(encoding="utf-8")
+    assert [lab for lab in labels if f"({lab})" not in html] == []

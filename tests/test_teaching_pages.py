@@ -205,13 +205,14 @@ def test_one_code_visibility_convention(nb):
 
 def test_every_exercise_has_one_folded_hint_before_its_solution():
     """Issue 53: one hint per exercise, collapsed, between the exercise and its solution (so the student edition,
-    which drops the solutions, keeps it)."""
+    which drops the solutions, keeps it); each exercise's title is its label, so the page shows the name the course
+    guide and the grader use ("Exercise 22 (ex-ch2b-null)")."""
     hint = r":::\{admonition\} Hint\n:class: dropdown\n\n(?:.+\n)+?:::\n\n"
     labels, hinted = [], []
     for nb in sorted(book.NOTEBOOKS.glob("[0-9]*.ipynb")):
         for c in json.loads(nb.read_text())["cells"]:
             text = "".join(c["source"])
             labels += re.findall(r"^:label: (ex-[\w-]+)", text, flags=re.M)
-            hinted += re.findall(rf":::\{{exercise\}}\n:label: (ex-[\w-]+)\n(?:.*\n)*?:::\n\n{hint}:::\{{solution\}} \1\n",
+            hinted += re.findall(rf":::\{{exercise\}} (ex-[\w-]+)\n:label: \1\n(?:.*\n)*?:::\n\n{hint}:::\{{solution\}} \1\n",
                                  text)
     assert labels and sorted(hinted) == sorted(labels), sorted(set(labels) - set(hinted))
