@@ -320,9 +320,9 @@ def conflict_or_noise(rec: Records) -> list[str]:
                  f"not as evidence. The largest share of a run's heads both tasks are better without is "
                  f"{t.heads_help_both.max():.2f}")
     if len(sig):
-        opp, same = sig[sig.p_opposite_holm < 0.05], sig[sig.p_same_holm < 0.05]
+        opp, same = sig[sig.p_opposite_holm < ALPHA], sig[sig.p_same_holm < ALPHA]
         noise += (f". In the real models, {len(opp)} of {len(sig)} task pairs have more heads moving the tasks "
-                  f"oppositely than random head pairs, {len(same)} more moving them alike (Holm p < 0.05; "
+                  f"oppositely than random head pairs, {len(same)} more moving them alike (Holm p < {ALPHA:g}; "
                   f"power at +0.10 from {sig.power_excess.min():.2f} to {sig.power_excess.max():.2f}"
                   + (f", at the excess the confirmed heads could make from {sig.power_realistic.min():.2f} to "
                      f"{sig.power_realistic.max():.2f}" if "power_realistic" in sig else "") + ")")
