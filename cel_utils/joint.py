@@ -41,7 +41,6 @@ from .scoring import encode_task
 from .search import beam, exhaustive, greedy, heads_of, percentile_among, subset_masks
 from .stats import bootstrap_mean
 
-STRATEGIES = ("exhaustive", "greedy", "beam")
 
 
 @dataclass(frozen=True)
