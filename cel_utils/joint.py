@@ -42,7 +42,6 @@ from .search import beam, exhaustive, greedy, heads_of, percentile_among, subset
 from .stats import bootstrap_mean
 
 
-
 @dataclass(frozen=True)
 class JointSettings(Design):
     """The parameters of :func:`joint_search` (the shared ones from :class:`~cel_utils.design.Design`; ``max_k``:
