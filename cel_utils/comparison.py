@@ -63,13 +63,14 @@ class SelectorComparison:
     timings: dict = field(default_factory=dict)   # wall seconds of each selector's offer and pipeline, and total
 
     @property
-    def pipeline(self) -> Run:
-        """The learned gates' run (chapter 2's section on them)."""
-        return self.runs["learned gates"]
+    def pipeline(self) -> Run | None:
+        """The learned gates' run (chapter 2's section on them); None when the comparison left the gates out."""
+        return self.runs.get(REGISTRY["gates"].label)
 
     @property
     def gates(self):
-        return self.offers["learned gates"].info["gates"]
+        off = self.offers.get(REGISTRY["gates"].label)
+        return None if off is None else off.info["gates"]
 
     def record(self) -> dict:
         """JSON-ready: the table, the summary, the pool, the stages' times and the gates' pipeline."""
@@ -77,7 +78,8 @@ class SelectorComparison:
                           "pool": [head_name(h) for h in self.pool], "n_search": self.n_search,
                           "n_heldout": self.n_heldout, "table": self.table.to_dict("records"),
                           "summary": self.summary.to_dict("records"), "timings": self.timings,
-                          "gates": {**self.pipeline.record(), "gates": self.gates.record()}})
+                          "gates": None if self.pipeline is None else
+                          {**self.pipeline.record(), "gates": self.gates.record()}})
 
     def sentence(self) -> str:
         """What this comparison finds, in one markdown paragraph written from its numbers: whether the learned
@@ -85,8 +87,11 @@ class SelectorComparison:
         selector by area, the gates' pipeline (its chosen set's held-out gain, Holm p, the random rankings that
         beat it) and against the pool search's set of the same size, and what learning the gates cost."""
         s = self.summary.set_index("selector")
-        g, p = s.loc["learned gates"], s.loc["pool search"]
-        outside = int(self.table[self.table.selector == "learned gates"]["outside_pool"].max())
+        gl, pl = REGISTRY["gates"].label, REGISTRY["pool"].label
+        if gl not in s.index:    # the gates left out: the largest area, and boosting where it ran
+            return f"**{self.model} / {self.task}** (the learned gates left out): {_largest(s)}. " + self._boosted(s)
+        g, p = s.loc[gl], s.loc[pl]
+        outside = int(self.table[self.table.selector == gl]["outside_pool"].max())
         return (f"**{self.model} / {self.task}**: the learned gates' sets hold up to {outside} head"
                 f"{'' if outside == 1 else 's'} outside the pool of {len(self.pool)}. Over k = 1..{self.max_k} "
                 f"their mean held-out gain (the area) is {g.area:+.3f} [{g.area_ci_low:+.3f}, {g.area_ci_high:+.3f}], "

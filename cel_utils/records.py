@@ -159,7 +159,7 @@ class Records:
     def gates_runs(self) -> list[dict]:
         """Per pair of chapter 2, the learned gates' pipeline (its record: ``sets``, ``chosen``, ``control``)."""
         return [dict(p["gates"], model=p["model"], task=p["task"])
-                for p in self.raw.get(JOINT, {}).get("selectors", {}).get("pairs", [])]
+                for p in self.raw.get(JOINT, {}).get("selectors", {}).get("pairs", []) if p.get("gates")]
 
     def gates_chosen(self, model: str, task: str) -> str | None:
         return next((g.get("chosen") for g in self.gates_runs() if g["model"] == model and g["task"] == task), None)

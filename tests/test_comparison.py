@@ -211,3 +211,25 @@ def test_the_comparison_runs_on_a_bfloat16_model_given_as_the_model(pair):
                   gate_settings=GateSettings(steps=2))
     rows = res.table[res.table.selector == REGISTRY["boost"].label]
     assert list(rows.k) == [1, 2] and res.offers[REGISTRY["boost"].label].info["alpha"] > 1
+
+
+def test_a_comparison_without_the_gates_still_records_and_words_itself(pair):
+    """Issue 52: the comparison looked the gates up by their display label, so leaving them out broke its record
+    and its sentence. Without the gates: no gates' pipeline, a record whose gates entry is null (chapter 4's reader
+    skips it), a sentence on the selectors that ran."""
+    import tempfile
+    from pathlib import Path
+
+    from cel_utils.records import Records
+
+    lm, splits = pair
+    res = compare_selectors(lm, splits, Design(max_k=2, seed=0, n_boot=100),
+                            Options(pool_size=3, random_sets=2, leave_out=("gates", "compressed")), progress=False)
+    assert "learned gates" not in set(res.table.selector) and res.pipeline is None and res.gates is None
+    rec = res.record()
+    assert rec["gates"] is None and json.loads(json.dumps(rec))["gates"] is None
+    assert "(the learned gates left out)" in res.sentence() and "area" in res.sentence()
+    d = Path(tempfile.mkdtemp())
+    (d / "02_joint_search.record.json").write_text(json.dumps(
+        {"selectors": {"pairs": [dict(rec, model="m", task="t")]}}))
+    assert Records(d).gates_runs() == [] and Records(d).gates_chosen("m", "t") is None
