@@ -267,12 +267,15 @@ def native_bfloat16() -> bool:
     """Whether this CPU multiplies bfloat16 matrices natively (``avx512_bf16`` or ``amx_bf16`` in
     ``/proc/cpuinfo``): without it torch's bfloat16 products are emulated, tens of times *slower* than float32 (seen
     on an AMD EPYC with AVX2 only: 3 s against 57 ms for a 2048x576 by 576x1536 product), so the book ranks in
-    float32 unless asked otherwise. Where ``/proc/cpuinfo`` is missing, False.
+    float32 unless asked otherwise. Where ``/proc/cpuinfo`` is missing, False. ``CEL_NO_BFLOAT16=1`` makes it
+    False on any CPU: a machine with native bfloat16 then builds the book as a CPU without it does (issue 51).
 
     Example:
         >>> isinstance(native_bfloat16(), bool)
         True
     """
+    if os.environ.get("CEL_NO_BFLOAT16", "") not in ("", "0"):
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

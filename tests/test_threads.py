@@ -77,3 +77,22 @@ def test_a_chapters_kernel_counts_as_its_own_work_not_as_other_processes(tmp_pat
     own = (after[1] - before[1]) / os.sysconf("SC_CLK_TCK")
     assert own >= 2.5, own
     assert threads.others_busy(before, after, time.time() - t0) >= 0.0
+
+
+def test_bfloat16_can_be_turned_off_to_stand_in_for_a_cpu_without_it(monkeypatch, tmp_path):
+    """Issue 51: a machine with native bfloat16 must be able to build the book as one without it. CEL_NO_BFLOAT16=1
+    makes native_bfloat16() False, and so rank_dtype "auto" resolve to float32; with a planted /proc/cpuinfo that
+    has the flag, it is True otherwise."""
+    from pathlib import Path
+
+    from cel_utils import models
+
+    real = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: "flags : fpu avx2 avx512_bf16\n"
+                        if str(self) == "/proc/cpuinfo" else real(self, *a, **k))
+    monkeypatch.delenv("CEL_NO_BFLOAT16", raising=False)
+    assert models.native_bfloat16() and models.resolve_dtype("auto") == "bfloat16"
+    monkeypatch.setenv("CEL_NO_BFLOAT16", "1")
+    assert not models.native_bfloat16() and models.resolve_dtype("auto") == "float32"
+    monkeypatch.setenv("CEL_NO_BFLOAT16", "0")
+    assert models.native_bfloat16()
