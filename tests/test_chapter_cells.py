@@ -1,5 +1,6 @@
 """Chapters as sources: in 2a and 3 no cell shows the record or prints a run time, and their Markdown tables keep
-their columns (no '|' inside maths); chapter 1c's choice of head sets, run on hand-made records."""
+their columns (no '|' inside maths); chapter 1c's choice of head sets (battery.pick_sets), run on hand-made
+records."""
 
 import ast
 import json
@@ -44,26 +45,21 @@ def test_markdown_table_rows_keep_their_maths_in_one_cell(name):
 
 
 def _picks(land, joint, tmp_path, battery_pairs=1, cost=None):
-    """Chapter 1c's cell that picks the head sets for the battery, run on the given records (no model; ``cost``:
-    each task's screen cost, standing in for ``screen_work``)."""
-    import numpy as np
-    import pandas as pd
+    """Chapter 1c's choice of head sets for the battery (``battery.pick_sets``, the call the chapter makes), on the
+    given records (no model; ``cost``: each task's screen cost, standing in for ``screen_work``)."""
+    from unittest import mock
 
-    from cel_utils.ablation import format_set, layer_of, parse_set
-    from cel_utils.formats import FORMATS
+    from cel_utils import battery
     from cel_utils.records import Records
 
-    (src,) = [c for c in _code_cells("01c_capability") if "picks, left = [], []" in c]
     for name, r in (("01a_landscape", land), ("02_joint_search", joint)):
         (tmp_path / f"{name}.record.json").write_text(json.dumps(r))
-    ns = {"rec": Records(tmp_path), "np": np, "pd": pd, "format_set": format_set, "parse_set": parse_set,
-          "FORMATS": FORMATS, "other_confirmed": 10, "n_search": 6,
-          "load_model": lambda m: m, "load_task": lambda t, *a, **k: t,
-          "screen_work": lambda lm, task: (cost or {}).get(task, 0.0),
-          "layer_of": layer_of, "seed": 0, "random_heads": 2, "battery_pairs": battery_pairs, "Markdown": str, "display": lambda *a, **k: None,
-          "tables": type("T", (), {"table": staticmethod(lambda *a, **k: None)})}
-    exec(compile(src, "01c_capability picks", "exec"), ns)
-    return [tuple(p) for p in ns["picks"]]
+    with mock.patch.object(battery, "load_model", lambda m: m), \
+            mock.patch.object(battery, "load_task", lambda t, *a, **k: t), \
+            mock.patch.object(battery, "screen_work", lambda lm, task: (cost or {}).get(task, 0.0)):
+        t, _, _ = battery.pick_sets(Records(tmp_path), battery_pairs=battery_pairs, other_confirmed=10,
+                                    random_heads=2, n_search=6, seed=0)
+    return [tuple(p) for p in t.itertuples(index=False)]
 
 
 def test_capability_chapter_picks_the_learned_gates_set(tmp_path):
