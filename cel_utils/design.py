@@ -2,9 +2,10 @@
 
 The split sizes, how many heads or sets are offered, the error rates of the confirm and held-out tests, the
 ablation, the bootstrap and the seed are one frozen record. Each stage of the pipeline
-(:mod:`cel_utils.pipeline`), the power simulation (:mod:`cel_utils.power`) and every Settings class of the package
-(the verdict's, the joint search's, the gates', the battery's: they extend it) read them from here, so a design is
-written once and passed as one value.
+(:mod:`cel_utils.pipeline`), the power simulation (:mod:`cel_utils.power`) and the Settings classes that choose and
+test heads (the verdict's, the joint search's, the gates': they extend it) read them from here, so a design is
+written once and passed as one value. The battery's settings (:class:`cel_utils.battery.RobustSettings`) do not
+extend it: the battery tests sets chosen elsewhere and has no splits of its own to choose on.
 
 Example:
     >>> d = Design(n_confirm=200, top_k=10)
