@@ -2,8 +2,9 @@
 
 * an axis given an explicit range shows all of its data (a range in the wrong units, or one set before the data
   grew, hides points);
-* a shape (a vertical or horizontal mark) on a log axis sits within the decades the data span (plotly reads a
-  shape's coordinates on a log axis as log10 units: a mark at x = 171 stretched one axis to 10^171);
+* a shape (a vertical or horizontal mark) on a log axis sits within :data:`DECADES` decades of the data (plotly
+  reads a shape's coordinates on a log axis as log10 units: a mark placed at x = 171 stretched one axis to 10^171,
+  while the exact screen's cost, a decade beyond the selectors' budgets, is a fair mark);
 * traces of one legend group (one legend entry) share their colour: plotly colours traces by their index, so a
   group drawn in two panels gets two colours unless one is set, and one panel's colours then match no legend entry.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 SLACK = 1e-6   # relative: a point on the range's edge is shown
+DECADES = 3    # how far beyond the data's decades a mark on a log axis may sit
 
 
 def _numbers(values) -> np.ndarray:
@@ -85,9 +87,9 @@ def _log_shapes(fig, data: dict[str, np.ndarray]) -> list[str]:
             if not len(vals):
                 continue
             for c in (getattr(s, f"{letter}0"), getattr(s, f"{letter}1")):
-                if c is not None and not vals.min() - 1 <= float(c) <= vals.max() + 1:
-                    out.append(f"a shape at {letter} = {float(c):g} on the log axis {name} (log10 units) lies outside "
-                               f"the data's decades {vals.min():.2f} to {vals.max():.2f}")
+                if c is not None and not vals.min() - DECADES <= float(c) <= vals.max() + DECADES:
+                    out.append(f"a shape at {letter} = {float(c):g} on the log axis {name} (log10 units) lies more "
+                               f"than {DECADES} decades outside the data's {vals.min():.2f} to {vals.max():.2f}")
     return out
 
 

@@ -260,8 +260,9 @@ def test_every_legend_entry_has_one_colour_in_every_panel():
 
 
 def test_the_figure_checks_find_hidden_data_marks_off_the_log_axis_and_split_colours(monkeypatch):
-    """Planted defects: a range that hides points, a mark at x = 171 on a log axis whose data span 10^0.5-10^2.2
-    (the Figure 2b.3 defect), a legend group drawn in two colours; ``plots.figure`` raises on them where
+    """Planted defects: a range that hides points, a mark placed in linear units (x = 140) on a log axis whose data
+    span 10^0.5-10^1.1 (the Figure 2b.3 defect; the same mark in log10 units, a decade beyond the data, is fair), a
+    legend group drawn in two colours; ``plots.figure`` raises on them where
     CEL_STRICT_FIGURES is set."""
     import plotly.graph_objects as go
 
@@ -272,9 +273,9 @@ def test_the_figure_checks_find_hidden_data_marks_off_the_log_axis_and_split_col
     assert figcheck.problems(ok) == []                                          # a point on the edge is shown
     hidden = go.Figure(go.Scatter(x=[1, 2], y=[0.0, 1.3])).update_yaxes(range=[0, 1])
     assert figcheck.problems(hidden) == ["yaxis: range [0, 1] hides data from 0 to 1.3"]
-    log = go.Figure(go.Scatter(x=[3.0, 171.0], y=[0.1, 0.9])).update_xaxes(type="log")
-    assert figcheck.problems(log.add_vline(x=np.log10(171))) == []
-    assert "x = 171 on the log axis" in figcheck.problems(log.add_vline(x=171))[0]
+    log = go.Figure(go.Scatter(x=[3.0, 11.5], y=[0.1, 0.9])).update_xaxes(type="log")
+    assert figcheck.problems(log.add_vline(x=np.log10(140))) == []      # Figure 2b.2: the exact screen's cost
+    assert "x = 140 on the log axis" in figcheck.problems(log.add_vline(x=140))[0]
     split = go.Figure([go.Scatter(x=[1], y=[1], legendgroup="a", line=dict(color="red")),
                        go.Scatter(x=[1], y=[2], legendgroup="a")])
     assert figcheck.problems(split) == ["legend group 'a': 2 traces in no set colour"]
