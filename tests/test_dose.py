@@ -328,7 +328,8 @@ def test_collateral_curve_is_zero_at_one_and_removal_at_zero(lm):
 
     t = dose.collateral_curve(lm, [(0, 1), (1, 0)], alphas=[0.0, 1.0, 2.0], n_tokens=200, chunk=64, n_boot=100)
     assert t.alpha.tolist() == [0.0, 1.0, 2.0]
-    assert t.set_index("alpha").loc[1.0].tolist() == [0.0, 0.0, 0.0]
+    assert t.set_index("alpha").loc[1.0, ["nll_delta", "nll_low", "nll_high"]].tolist() == [0.0, 0.0, 0.0]
+    assert (t.tokens == 200).all()                  # every cost says on how many tokens of text
     zero = text_nll(lm, {"s": [(0, 1), (1, 0)]}, 200, chunk=64, n_boot=100)["sets"]["s"]
     assert t.set_index("alpha").loc[0.0, "nll_delta"] == pytest.approx(zero["text_nll_delta"], abs=1e-6)
     assert abs(t.set_index("alpha").loc[2.0, "nll_delta"]) > 1e-4
