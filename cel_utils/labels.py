@@ -100,7 +100,8 @@ def mean_ci(d: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
     (``scipy.special.stdtrit``, n - 1 degrees of freedom) times the standard error, the interval
     ``scipy.stats.ttest_1samp(d, 0).confidence_interval`` gives (a test checks they agree), about 20 times faster
     per call: the label's bootstrap over items and the operating characteristics recompute it thousands of times.
-    A constant ``d`` gives an interval of zero width. (A bootstrap would fit too, at a far higher cost.)
+    A constant ``d`` gives an interval of zero width; fewer than 2 values give no interval (-inf to inf: a check
+    on one text chunk cannot say anything). (A bootstrap would fit too, at a far higher cost.)
 
     Example:
         >>> [round(x, 3) for x in mean_ci(np.array([0.0, 1.0, 1.0, 0.0, 1.0]))]
@@ -110,7 +111,9 @@ def mean_ci(d: np.ndarray, alpha: float = ALPHA) -> tuple[float, float, float]:
 
     d = np.asarray(d, float)
     point = float(d.mean()) if len(d) else float("nan")
-    if len(d) < 2 or np.ptp(d) == 0:
+    if len(d) < 2:
+        return point, -np.inf, np.inf
+    if np.ptp(d) == 0:
         return point, point, point
     half = float(stdtrit(len(d) - 1, 1 - alpha / 2) * d.std(ddof=1) / np.sqrt(len(d)))
     return point, point - half, point + half

@@ -305,7 +305,8 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
     for name, heads in sets.items():
         abl = per_chunk(heads)
         d = (abl[:, 0] - base[:, 0]) / base[:, 1]  # per-chunk change in NLL per token
-        bs = paired_bootstrap(np.zeros(len(d)), d, n_boot=n_boot, seed=seed)
+        bs = paired_bootstrap(np.zeros(len(d)), d, n_boot=n_boot, seed=seed) if len(d) > 1 else \
+            {"ci_low": float("nan"), "ci_high": float("nan")}   # one chunk: no interval over chunks
         out["sets"][name] = {"text_nll_delta": float((abl[:, 0].sum() - base[:, 0].sum()) / tokens),
                              "ci_low": bs["ci_low"], "ci_high": bs["ci_high"], "per_chunk": d}
     return out

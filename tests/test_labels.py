@@ -145,3 +145,14 @@ def test_capability_needs_a_label_shift_ruled_out_on_two_class_tasks():
     assert label(dict(c, label_shift={"reading": "fails"})) == "capability"
     assert label(dict(c, label_shift={"reading": "cannot tell"})) == "shift or capability"
     assert label(dict(c, label_shift={"reading": "holds"})) == "label shift"
+
+
+def test_one_value_gives_no_interval_and_no_reading():
+    """A text cost measured on one chunk had an interval of zero width, so the cost check read 'fails' (no cost)
+    from a single number: one value now gives no interval and 'cannot tell'; two equal values still give zero width."""
+    from cel_utils.labels import check
+
+    est, lo, hi = mean_ci(np.array([0.02]))
+    assert est == 0.02 and (lo, hi) == (-np.inf, np.inf)
+    assert check(np.array([0.02]), above=0.05)["reading"] == "cannot tell"
+    assert check(np.array([0.02, 0.02]), above=0.05)["reading"] == "fails"
