@@ -173,8 +173,9 @@ def sentence(b: Battery, role: str) -> str:
         bits.append("the battery stopped at the formats, which decide the label")
     col = b.collateral
     if col["text_nll_delta"] is not None:
-        bits.append(f"NLL on general text {col['text_nll_delta']:+.4f} nats/token [{col['text_nll_ci_low']:+.4f}, "
-                    f"{col['text_nll_ci_high']:+.4f}] on {col['text_tokens']} tokens")
+        lo, hi = col.get("text_nll_ci_low"), col.get("text_nll_ci_high")
+        ci = f"[{lo:+.4f}, {hi:+.4f}]" if lo is not None and np.isfinite(lo) else "(one chunk: no interval)"
+        bits.append(f"NLL on general text {col['text_nll_delta']:+.4f} nats/token {ci} on {col['text_tokens']} tokens")
     if b.control_task.get("task"):
         bits.append(f"on {b.control_task['task']} (control task) {b.control_task['delta']:+.3f}")
     return "- " + "; ".join(bits) + "."
