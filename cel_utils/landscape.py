@@ -136,8 +136,12 @@ def verdict_markdown(table: pd.DataFrame) -> str:
     """The verdict table as markdown sentences, one per pair (for a code cell to display: numbers from the run)."""
     lines = []
     for r in table.itertuples():
+        offered, first = getattr(r, "selection_offered", np.nan), getattr(r, "selection_first", np.nan)
         lines.append(f"- **{r.model} / {r.task}** (accuracy {r.baseline:.3f} on {r.n_confirm} confirm items; "
                      f"{r.n_search} search, {r.n_heldout} held-out): {r.verdict}"
+                     + (f"; on bootstrap resamples of the search items the screen offers {r.chosen} to the confirm "
+                        f"split in {offered:.0%} and ranks it first in {first:.0%} (how stable the choice is)"
+                        if isinstance(r.chosen, str) and np.isfinite(offered) else "")
                      + (f"; on {r.worst_cost_task} it changes accuracy by {r.cost_delta:+.3f} "
                         f"[{r.cost_ci_low:+.3f}, {r.cost_ci_high:+.3f}]." if isinstance(r.worst_cost_task, str)
                         else "."))

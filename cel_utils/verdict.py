@@ -144,10 +144,8 @@ class Verdict:
                     heldout_ci_low=float(r["heldout_ci_low"]), heldout_ci_high=float(r["heldout_ci_high"]),
                     heldout_p_holm=float(r["heldout_p_holm"]), holds=bool(r["holds"]))
         base["verdict"] = self.run.sentence(verb="confirmed") + self.by_clause()
-        st = self.selection()
+        st = self.selection()   # in the row (the verdict's own words stay what `cel stats` can say from outcomes)
         base.update(selection_offered=st["offered"], selection_first=st["first"])
-        base["verdict"] += (f"; on resampled search items the screen offers {self.chosen} to the confirm split in "
-                            f"{st['offered']:.0%} of {st['n_boot']} resamples and ranks it first in {st['first']:.0%}")
         eq = self.equals()
         same = [self.chosen] + eq[eq["equal"].astype(bool)]["heads"].tolist()
         base.update(equals=", ".join(same), n_equals=len(same))

@@ -82,3 +82,19 @@ def test_several_vs_one_is_the_paired_difference_with_the_best_single_head():
     tie[i], tie[j] = False, True
     out = several_vs_one(js, "L1H0+L2H3", ("L0H7", tie))
     assert out["vs_single_delta"] == 0 and "is not shown to differ from removing L0H7 alone (a tie" in out["vs_sentence"]
+
+
+def test_the_verdict_sentence_says_how_stable_the_choice_is():
+    """The selection stability is printed beside each verdict (chapter 1a's sentences), not inside the verdict's
+    own words (those are what `cel stats` reproduces from outcomes alone); nothing chosen, nothing said."""
+    import pandas as pd
+
+    from cel_utils.landscape import verdict_markdown
+
+    row = dict(model="m", task="t", baseline=0.5, n_confirm=200, n_search=64, n_heldout=200, verdict="confirmed ...",
+               worst_cost_task=None, cost_delta=float("nan"), cost_ci_low=float("nan"), cost_ci_high=float("nan"),
+               chosen="L1H2", selection_offered=0.95, selection_first=0.42)
+    text = verdict_markdown(pd.DataFrame([row, dict(row, task="u", chosen=None, selection_offered=float("nan"))]))
+    first, second = text.splitlines()
+    assert "the screen offers L1H2 to the confirm split in 95% and ranks it first in 42%" in first
+    assert "resamples" not in second

@@ -46,6 +46,10 @@ def stub_chapters(folder):
                                                                 "language": "python"},
                                                  "language_info": {"name": "python"}})
         nb.cells = [nbformat.v4.new_markdown_cell(f"# {book.title(book.NOTEBOOKS / f'{name}.ipynb')}\n\nA stub.")]
+        # the chapter's own exercise labels, so that the course guide's links to them resolve in the strict build
+        labels = re.findall(r":label: (ex-[\w-]+)", (book.NOTEBOOKS / f"{name}.ipynb").read_text())
+        nb.cells += [nbformat.v4.new_markdown_cell("".join(f":::{{exercise}} {lab}\n:label: {lab}\n\nA stub.\n:::\n\n"
+                                                           for lab in labels))] if labels else []
         if name == "01_screening":
             code = nbformat.v4.new_code_cell(f"print({CHECK_OUTPUT!r})", execution_count=1,
                                              metadata={"tags": ["solution-check"]})
