@@ -84,7 +84,8 @@ def check_reading(fn: Callable, cases=None) -> None:
     """Check ``fn(d, above) -> reading``: ``d`` holds per-item paired differences (a head's change in each item's
     correctness), ``above`` a threshold; return ``"holds"`` when the 95% t interval of the mean of ``d``
     (``scipy.stats.ttest_1samp(d, 0).confidence_interval(0.95)``) lies above ``above``, ``"fails"`` when it lies
-    below, ``"cannot tell"`` otherwise; a constant ``d`` (or a single item) is its own interval. Compared with
+    below, ``"cannot tell"`` otherwise; a constant ``d`` is its own interval, a single item has none (``"cannot
+    tell"``). Compared with
     :func:`cel_utils.labels.check` (chapter 1c's rule: an interval that includes the threshold is never a "no")."""
     cases = reading_cases() if cases is None else cases
     for d, above in cases:

@@ -241,7 +241,9 @@ import numpy as np
 from scipy.stats import ttest_1samp
 def my_reading(d, above):
     d = np.asarray(d, float)
-    if len(d) < 2 or np.ptp(d) == 0:
+    if len(d) < 2:
+        return "cannot tell"
+    if np.ptp(d) == 0:
         low = high = float(d.mean())
     else:
         ci = ttest_1samp(d, 0).confidence_interval(0.95)
