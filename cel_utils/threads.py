@@ -37,7 +37,7 @@ def threads_for(cores: int, others: float) -> int:
     return max(1, min(cores, int(cores - others + MARGIN)))
 
 
-def cpu_ticks(stat: str, self_stat: str) -> tuple[int, int]:
+def cpu_ticks(stat: str, self_stat: str, children: bool = False) -> tuple[int, int]:
     """(busy clock ticks of the whole CPU, of this process) from the text of ``/proc/stat`` and
     ``/proc/self/stat`` (user, nice, system, irq, softirq, steal; utime + stime).
 
@@ -47,7 +47,8 @@ def cpu_ticks(stat: str, self_stat: str) -> tuple[int, int]:
     f = [int(x) for x in stat.split("\n", 1)[0].split()[1:]]
     busy = f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)
     rest = self_stat.rsplit(")", 1)[1].split()       # fields after the command name: state is the first
-    return busy, int(rest[11]) + int(rest[12])
+    own = int(rest[11]) + int(rest[12])
+    return busy, own + (int(rest[13]) + int(rest[14]) if children else 0)   # cutime + cstime: finished children
 
 
 def others_busy(before: tuple[int, int], after: tuple[int, int], seconds: float) -> float:
@@ -65,12 +66,9 @@ def busy_ticks() -> tuple[int, int] | None:
     has exited), for :func:`others_busy` over a run such as a chapter's execution; None where /proc is missing."""
     try:
         with open("/proc/stat") as a, open("/proc/self/stat") as b:
-            busy, own = cpu_ticks(a.read(), b.read())
-            b.seek(0)
-            rest = b.read().rsplit(")", 1)[1].split()
+            return cpu_ticks(a.read(), b.read(), children=True)
     except (OSError, ValueError, IndexError):
         return None
-    return busy, own + int(rest[13]) + int(rest[14])     # cutime + cstime: the finished children
 
 
 def _read() -> tuple[int, int] | None:
