@@ -361,8 +361,8 @@ def pick_sets(rec, battery_pairs: int = 1, other_confirmed: int = 2, random_head
             picks.append((m, t, "learned gates' set (chapter 2)", gates))
         rest = sorted((h for h in pair.confirmed if h != chosen and h not in equals), key=lambda h: -pair.confirm_gain(h))
         picks += [(m, t, "confirmed head", h) for h in rest[:other_confirmed] if h != chosen_set]
-        if pair.null_control(chosen):
-            picks.append((m, t, "null control", pair.null_control(chosen)))
+        if (control := pair.null_control(chosen)):
+            picks.append((m, t, "null control", control))
         rng = np.random.default_rng([seed, len(t), len(m)])
         pool = [h for h in pair.screened_heads if h not in pair.confirmed]
         randoms = [pool[i] for i in rng.choice(len(pool), size=min(random_heads, len(pool)), replace=False)]
@@ -373,8 +373,8 @@ def pick_sets(rec, battery_pairs: int = 1, other_confirmed: int = 2, random_head
         if pair is not None:   # nothing localized: the strongest search head of its first pair with formats
             top = pair.search_order()[0]
             picks.append((m, pair.task, "exploratory", top))
-            if pair.null_control(top):
-                picks.append((m, pair.task, "null control", pair.null_control(top)))
+            if (control := pair.null_control(top)):
+                picks.append((m, pair.task, "null control", control))
     return pd.DataFrame(picks, columns=["model", "task", "role", "heads"]), left, not localized
 
 
