@@ -5,6 +5,7 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``errors``, ``defaults``, ``design``, ``io`` -- the one error type, every default, the shared ``Design`` of a
   run (split sizes, error rates, ablation, bootstrap, seed), atomic JSON output
 * ``threads`` (torch's threads chosen by measurement: the cores other processes leave free; one for the toy)
+* ``profiling`` (where a chapter's time goes: each model-running call logged when ``CEL_PROFILE`` names a file)
 * ``lockfile`` (the lock every install reads: its pins, its digest, the environment.yml written from it)
 * ``records`` (the one reader of the chapters' records: a pair's verdict, chosen sets, labels, selectors)
 * ``findings`` (the book's answer to its own question, written from the records)

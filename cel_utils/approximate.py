@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import hooks
+from . import hooks, profiling
 from .ablation import Ablation, Head, all_heads, head_name
 from .defaults import (GRADIENT_FORWARD_EQUIVALENTS, GRADIENT_MAX_TOKENS, LASSO_CV, LASSO_MAX_ITER,
                        LASSO_N_ALPHAS, progress_enabled)
@@ -124,6 +124,7 @@ def backprop_mean_margin(lm, enc: EncodedTask, points: list, max_tokens: int = G
     return total / enc.n_items
 
 
+@profiling.timed
 def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tokens: int = GRADIENT_MAX_TOKENS,
                     enc: EncodedTask | None = None, progress: bool = False, share_prefix: bool = True) -> ApproxScreen:
     """First-order estimate of every head's ablation effect on the mean margin (Michel et al. 2019).
@@ -148,6 +149,7 @@ def gradient_screen(lm, task, mode: str | Ablation = "zero", means=None, max_tok
 # ---------------------------------------------------------------------------------------------
 # Compressed sensing
 # ---------------------------------------------------------------------------------------------
+@profiling.timed
 def compressed_screen(lm, task, n_evaluations: int | None = None, p: float | None = None,
                       mode: str | Ablation = "zero", means=None, seed: int = 0, enc: EncodedTask | None = None,
                       progress: bool = False, result_cache: bool | None = None) -> ApproxScreen:

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import hooks
+from . import hooks, profiling
 from .ablation import Head
 from .errors import CELError
 from .direct import Reads
@@ -37,6 +37,7 @@ from .mechanism import token_text
 
 
 @torch.no_grad()
+@profiling.timed
 def attention(lm, reads: Reads, heads: Sequence[Head], batch_size: int = 16) -> dict[Head, list[np.ndarray]]:
     """Each head's attention at the read position over the tokens up to it: ``head -> [weights per read]``
     (each a vector of length ``len(input)`` that sums to 1). Uses the eager attention path for this pass only."""

@@ -128,7 +128,7 @@ def execute(out: Path = CHAPTERS_DIR, only: list[str] | None = None, parameters:
     out.mkdir(parents=True, exist_ok=True)
     # the kernels inherit CEL_PROGRESS=0: no progress bar is left in the rendered pages
     # and CEL_STATIC_BOOK=1: live widgets (which need a kernel to react) become a note in the static pages
-    with mock.patch.dict(os.environ, {"CEL_PROGRESS": "0", "CEL_STATIC_BOOK": "1"}):
+    with mock.patch.dict(os.environ, {"CEL_PROGRESS": "0", "CEL_STATIC_BOOK": "1", "CEL_CHAPTER": ""}):
         status = _run_all(out, only, parameters, kernel, solutions)
     return _finish(out, status)
 
@@ -143,6 +143,7 @@ def _run_all(out, only, parameters, kernel, solutions) -> list[dict]:
         if only and nb.stem not in only:
             continue
         print(f"executing {nb.name} ...", flush=True)
+        os.environ["CEL_CHAPTER"] = nb.stem   # the chapter's kernel inherits it: cel_utils.profiling's lines name it
         t0, ticks0 = time.time(), threads.busy_ticks()
         ok = True
         src = nb

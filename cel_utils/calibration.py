@@ -21,6 +21,7 @@ from typing import Sequence
 
 import pandas as pd
 
+from . import profiling
 from .defaults import CALIBRATION_BAND, CALIBRATION_ITEMS
 from .engine import evaluate_head_sets, screen_work
 from .errors import CELError
@@ -44,6 +45,7 @@ def candidates() -> list[str]:
     return out
 
 
+@profiling.timed
 def calibrate(lm, names: Sequence[str], n: int = CALIBRATION_ITEMS, band: tuple[float, float] = CALIBRATION_BAND,
               seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """One row per candidate task: its unablated accuracy on the first ``n`` search items, and whether it lies in

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import hooks
+from . import hooks, profiling
 from .ablation import Head, ablate_heads, head_name
 from .engine import evaluate
 from .errors import CELError
@@ -214,6 +214,7 @@ def _run(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) -> 
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
+@profiling.timed
 def trace(lm, reads: Reads, heads: Sequence[Head] = (), batch_size: int = 16) -> Trace:
     """The run at the reads: clean, or with ``heads`` ablated."""
     if len(reads) == 0:
@@ -291,6 +292,7 @@ def bias_diff(lm, tr: Trace) -> torch.Tensor:
 
 
 @torch.no_grad()
+@profiling.timed
 def direct_ranking(lm, task) -> pd.DataFrame:
     """Every head ranked by how reliably its direct effect promotes the answer over the competitor on ``task``'s
     items (the search split): ``share_positive`` (items where it does) first, then the mean direct effect.

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import profiling
 from .theory import DEFAULT, Setup, joint_loss, train
 
 
@@ -138,6 +139,7 @@ def plateau_growth_rate(run, carrier: np.ndarray, t1: np.ndarray, t2: np.ndarray
     return np.array(measured), np.array(at_w)
 
 
+@profiling.timed
 def early_phase(sigmas=(1e-8, 1e-6, 1e-4, 1e-2), n_seeds: int = 40, n_heads: int = 4, steps: int = 5000,
                 lr: float = 0.5, setup: Setup = DEFAULT, record_every: int = 5):
     """Simulated runs over ``sigmas`` x seeds: phase times, predicted and actual winner and C-carrier, and the

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import cache, hooks, threads
+from . import cache, hooks, profiling, threads
 from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
 from .defaults import MAX_TOKENS, progress_enabled
 from .errors import CELError
@@ -173,6 +173,7 @@ class PrefixKV:
         return att, kw
 
 
+@profiling.timed
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = MAX_TOKENS, progress: bool = True,
                        desc: str = "evaluating head sets", share_prefix: bool = True,
@@ -188,9 +189,12 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
     result_cache = cache.enabled() if result_cache is None else result_cache
     key = result_key(lm, enc, head_sets, ablation) if result_cache else None
+    if profiling.enabled():
+        profiling.note(sets=len(head_sets), items=enc.n_items, set_keys=set_keys(lm, enc, head_sets, ablation))
     if key is not None:
         hit = cached_result(key, len(head_sets), enc.n_items)
         if hit is not None:
+            profiling.note(cached=True)
             return hit
     t0 = time.perf_counter()
     if ablation.mode == "resample":
@@ -220,6 +224,26 @@ def result_key(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablati
         (32, False)
     """
     return cache.make_key(lm, enc, head_sets, ablation.mode, "exact", ablation.fingerprint(), device=device)
+
+
+def set_keys(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation: Ablation) -> list[str]:
+    """A short key per head set (model, items, ablation, the set and its own scale factor): equal keys in a profile
+    (:mod:`cel_utils.profiling`) are the same numbers computed twice.
+
+    Example:
+        >>> from cel_utils.tiny import tiny_model
+        >>> from cel_utils.scoring import encode_task
+        >>> from cel_utils.tasks import load_task
+        >>> lm = tiny_model("llama"); enc = encode_task(lm, load_task("ioi", n=2))
+        >>> a, b = set_keys(lm, enc, [[(0, 1)], [(0, 1)], [(1, 0)]], Ablation.of("zero")), set_keys(lm, enc, [[(0, 1)]], Ablation.of("zero"))
+        >>> a[0] == a[1] == b[0] != a[2]
+        True
+    """
+    fp = {k: v for k, v in ablation.fingerprint().items() if k != "alphas"}
+    alphas = ablation.alphas or [None] * len(head_sets)
+    items = cache.encoded_hash(enc)
+    return [cache.key_of(lm, {"items": items, "set": sorted(map(list, hs)), "mode": ablation.mode, "alpha": a,
+                              "extra": fp})[:16] for hs, a in zip(head_sets, alphas)]
 
 
 def cached_result(key: str, n_sets: int, n_items: int) -> ItemResults | None:

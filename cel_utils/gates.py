@@ -37,7 +37,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from . import threads
+from . import profiling, threads
 from .ablation import Ablation, Head, all_heads, format_set, head_name
 from .approximate import backprop_mean_margin
 from .defaults import (GATE_BATCH, GATE_INITS, GATE_LR, GATE_MAX_K, GATE_PENALTIES, GATE_STEPS, GATE_TEMPERATURE,
@@ -328,6 +328,7 @@ def _one_run(lm, run: int, penalty: float, init: float, step_encs: list, ablatio
     return log_alpha.detach().reshape(-1).cpu().numpy().astype(float)
 
 
+@profiling.timed
 def learn_gates(lm, items, settings: GateSettings | None = None, **overrides) -> LearnedGates:
     """Learn one hard-concrete gate per head on ``items`` (a :class:`~cel_utils.tasks.Task`: the search split;
     nothing else is read), the model frozen.

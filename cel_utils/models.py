@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import hooks
+from . import hooks, profiling
 from .errors import CELError
 
 @dataclass(frozen=True)
@@ -167,6 +167,7 @@ def _in_features(mod: torch.nn.Module) -> int:
 _CACHE: dict[tuple, LoadedModel] = {}
 
 
+@profiling.timed
 def load_model(name: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
                trust_remote_code: bool = False, cache: bool = True) -> LoadedModel:
     """Load a built-in model by name, a local folder, or a Hugging Face id already in the local cache.

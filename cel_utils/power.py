@@ -54,6 +54,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from . import profiling
 from .defaults import CONFIRM_TOP_K, FDR, POWER
 from .design import Design
 from .stats import confirm_rule, holds_rule, holm, min_detectable_gain
@@ -131,6 +132,7 @@ class PowerInputs:
     heldout_others: Sequence[float] | None = None
 
 
+@profiling.timed
 def pipeline_power(inputs: PowerInputs, design: Design, gains: Sequence[float], break_rates: Sequence[float] = (0.0,),
                    match_spread: bool = False, n_sim: int = 2000, n_draw: int | None = None) -> pd.DataFrame:
     """Probability that a single head with accuracy gain ``g`` (breaking ``b`` of the items) would end

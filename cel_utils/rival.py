@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from scipy.stats import binomtest
 
+from . import profiling
 from .defaults import THEORY_EFFECT
 from .theory import DEFAULT, Run, Setup, descend, stacked_params
 
@@ -37,6 +38,7 @@ VARIANTS = ("softmax", "softmax1", "gated")
 KINDS = ("two-sided", "one-sided", "none")
 
 
+@profiling.timed
 def train_variant(variant: str, n_heads: int = 4, sigma: float = 1e-4, seeds=range(20), steps: int = 4000,
                   lr: float = 0.5, setup: Setup = DEFAULT) -> Run:
     """The toy trained with heads of kind ``variant`` (:data:`VARIANTS`), one run per seed (the same initial
@@ -110,6 +112,7 @@ def reading(low: float, high: float, want_high: bool = True) -> str:
     return "cannot tell"
 
 
+@profiling.timed
 def summary(sigmas=(1e-4, 1.0), n_seeds: int = 20, steps: int = 4000, n_heads: int = 4, lr: float = 0.5) -> tuple:
     """Every (setting, variant, sigma) cell over ``n_seeds`` runs: ``table`` (C-share, the share of runs of each
     kind with exact CIs, the best removal's mean change in A's and B's accuracy, the share of heads helping both
@@ -152,6 +155,7 @@ def combine(parts: list[str]) -> str:
     return "met" if all(p == "met" for p in parts) else "not met" if "not met" in parts else "cannot tell"
 
 
+@profiling.timed
 def signature(landscape: pd.DataFrame, n_perm: int = 2000, seed: int = 0, excess: float = 0.10,
               confirmed: dict | None = None) -> pd.DataFrame:
     """The real models' version: per model and unordered task pair, over every screened head, the share whose

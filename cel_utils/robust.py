@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import cache, hooks
+from . import cache, hooks, profiling
 from .ablation import Ablation, Head, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
@@ -42,6 +42,7 @@ from .tasks import Task, load_task
 # ------------------------------------------------------------------------------------------------------------
 # Formats
 # ------------------------------------------------------------------------------------------------------------
+@profiling.timed
 def format_changes(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_BOOT, seed: int = 0
                    ) -> tuple[pd.DataFrame, dict]:
     """Every format of ``task``'s :data:`~cel_utils.formats.FORMATS` (the default first): per named head set its
@@ -99,6 +100,7 @@ def greedy(lm, prompts: Sequence[str], max_new: int, heads: Sequence[Head] = (),
     return out
 
 
+@profiling.timed
 def generation(lm, task: Task, sets: dict[str, Sequence[Head]], n_boot: int = N_BOOT, seed: int = 0) -> dict:
     """Free greedy generation on an exact-match task, unablated and with each named set removed: accuracy (the
     answer, :func:`answer_of`, equals the target), the change with a paired-bootstrap CI and exact McNemar p,
@@ -155,6 +157,7 @@ def fixes_by_kind(before: Sequence[str], after: Sequence[str], targets: Sequence
 # ------------------------------------------------------------------------------------------------------------
 # Ablation types
 # ------------------------------------------------------------------------------------------------------------
+@profiling.timed
 def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """The constant outputs of ``heads`` that raise the mean margin on the search items most (``[n_layers,
     n_heads, d_head]``, the other heads' rows are their means): from the means, ``steps`` rounds of a gradient step
@@ -195,6 +198,7 @@ def best_constant(lm, search_enc, heads: Sequence[Head], means: torch.Tensor, st
     return C
 
 
+@profiling.timed
 def ablation_types(lm, task: Task, search: Task, heads: Sequence[Head], n_boot: int = N_BOOT, seed: int = 0,
                    constant_steps: int = 5, means: torch.Tensor | None = None, fit_dtype: str = "float32") -> dict:
     """The held-out change in accuracy when ``heads`` are removed four ways, each with a paired-bootstrap CI:
@@ -259,6 +263,7 @@ def text_nll_key(lm, chunks: list[list[int]], batch_size: int, heads: Sequence[H
 
 
 @torch.no_grad()
+@profiling.timed
 def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, chunk: int = 512, batch_size: int = 4,
              n_boot: int = N_BOOT, seed: int = 0, mode="zero") -> dict:
     """Next-token NLL per token (nats) on ``n_tokens`` tokens of :func:`english_text` (each predicted once, from
@@ -312,6 +317,7 @@ def text_nll(lm, sets: dict[str, Sequence[Head]], n_tokens: int = TEXT_TOKENS, c
     return out
 
 
+@profiling.timed
 def other_tasks(lm, sets: dict[str, Sequence[Head]], tasks: Sequence[str], n: int = 100, seed: int = 0,
                 n_boot: int = N_BOOT, mode="zero") -> pd.DataFrame:
     """Each named set removed while the model does other tasks (their held-out items): change in accuracy with a

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from . import hooks
+from . import hooks, profiling
 from .ablation import Ablation, HeadAblator, head_mask
 from .errors import CELError
 
@@ -273,6 +273,7 @@ def batches_by_tokens(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
+@profiling.timed
 def plain_evaluate(lm, enc: EncodedTask, heads=(), mode: "str | Ablation" = "zero", means=None,
                    batch_size: int = 16, ablator: HeadAblator | None = None) -> ItemResults:
     """The reference: every (item, choice) sequence run in full, full-vocabulary log-softmax, one head set.

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import hooks
+from . import hooks, profiling
 from .ablation import head_name
 from .defaults import ALPHA
 from .direct import choose_reads
@@ -37,6 +37,7 @@ from .stats import holm
 
 
 @torch.no_grad()
+@profiling.timed
 def head_profile(lm, task, batch_size: int = 16) -> pd.DataFrame:
     """Each head's mean attention on position 0 and mean output norm at the read position over ``task``'s items
     (one pass, eager attention): ``head``, ``layer``, ``head_index``, ``sink``, ``out_norm``, ``items``."""

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from . import threads
+from . import profiling, threads
 from .defaults import TOY_DISTRACTORS, TOY_RHO, TOYNET_EFFECT, TOYNET_STEPS, progress_enabled
 from .rival import combine, kind_of, reading, share_ci
 from .tiny import char_tokenizer
@@ -248,6 +248,7 @@ def attention_by_type(P: dict, ids: torch.Tensor, types: torch.Tensor) -> np.nda
     return (torch.einsum("rbht,btk->rhk", p, onehot) / B).numpy()
 
 
+@profiling.timed
 def train(attention: str = "softmax", seeds=range(20), scales=(1.0,), steps: int = TOYNET_STEPS, batch: int = 128,
           lr: float = 3e-3, every: int = 50, n_eval: int = 1000, progress: bool = True) -> Training:
     """Train one network per (scale, seed) on an even mix of ``toy_a`` and ``toy_b`` (fresh sequences every
@@ -372,6 +373,7 @@ def export(tr: Training, run: int, folder) -> str:
     return str(folder)
 
 
+@profiling.timed
 def verdicts(tr: Training, runs=None, task: str = "toy_a", partner: str = "toy_b", progress: bool = True,
              **settings) -> pd.DataFrame:
     """The book's verdict (:func:`cel_utils.verdict.single_head_verdict`) on ``task`` for each run, every head
@@ -454,6 +456,7 @@ def predictions(loc: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@profiling.timed
 def batteries(tr: Training, v: pd.DataFrame, per_scale: int = 1, **settings) -> list:
     """The battery of chapter 1c (:func:`cel_utils.battery.battery`) on the head the pipeline chose, for the first
     ``per_scale`` localized runs of each initial scale: toy_a's six orderings of the same tokens as its formats,

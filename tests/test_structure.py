@@ -7,7 +7,7 @@ import cel_utils
 
 PKG = Path(cel_utils.__file__).parent
 # the order imports flow in: a module may import only from modules listed before it
-ORDER = ["errors", "defaults", "design", "io", "threads", "lockfile", "records", "findings", "hooks", "cache", "models", "tiny", "generators", "variants", "tasks", "formats",
+ORDER = ["errors", "defaults", "design", "io", "threads", "profiling", "lockfile", "records", "findings", "hooks", "cache", "models", "tiny", "generators", "variants", "tasks", "formats",
          "ablation", "scoring", "export", "engine", "calibration", "stats", "labels", "operating", "search", "power", "compare", "pipeline", "screening", "approximate", "joint",
          "gates", "direct", "selectors", "comparison", "effects", "robust", "battery", "verdict", "outcomes", "landscape", "mechanism", "attention", "sinks", "explanation", "dose",
          "theory", "dynamics", "rival", "toynet", "checks", "checks_numeric", "exercises", "gradebook", "tables", "figcheck", "plots", "joint_plots", "theory_plots", "widgets",
