@@ -10,6 +10,8 @@ it) the likely mistake.
   (against :func:`cel_utils.screening.plain_screen`).
 * :func:`check_mcnemar` -- fixes, breaks and the two-sided exact McNemar p-value
   (against :func:`cel_utils.stats.fixes_breaks` and :func:`cel_utils.stats.mcnemar_exact`).
+* :func:`check_delta_accuracy` -- one head set's change in accuracy, by hand (against
+  :func:`cel_utils.engine.evaluate_head_sets`).
 * :func:`check_rates` -- chapter 3's linearised rates (against :func:`cel_utils.dynamics.rates`).
 
 Example:
@@ -33,6 +35,7 @@ import torch
 from . import hooks
 from .ablation import Head, ablate_heads, all_heads, format_heads, head_name, parse_heads
 from .dynamics import rates
+from .engine import evaluate_head_sets
 from .screening import plain_screen
 from .scoring import encode_task, plain_evaluate
 from .stats import fixes_breaks, mcnemar_exact
@@ -220,6 +223,34 @@ def check_screen(fn: Callable, lm=None, task=None) -> None:
     with _one_thread(lm is None):
         lm = lm if lm is not None else tiny_lm("llama")
         _check_screen(fn, lm, task if task is not None else _check_task(lm))
+
+
+def check_delta_accuracy(fn: Callable, lm=None, task=None) -> None:
+    """Check ``fn(lm, enc, heads) -> float``: the accuracy on the encoded items ``enc`` with ``heads`` removed
+    together, minus the accuracy of the intact model (as a fraction: 0.25 is 25 points). Compared with the exact
+    engine (:func:`cel_utils.engine.evaluate_head_sets`, a different code path from the plain loop) on a tiny
+    random Llama and 12 two-choice items (or on ``lm`` and ``task``), for no head, one head and two heads.
+
+    Example:
+        >>> check_delta_accuracy(my_delta_accuracy)     # doctest: +SKIP
+        check_delta_accuracy passed: 2 head sets on tiny-llama, 12 items
+    """
+    with _one_thread(lm is None):
+        lm = lm if lm is not None else tiny_lm("llama")
+        task = task if task is not None else _check_task(lm)
+        enc = encode_task(lm, task)
+        sets = [[], [(1, 2)], [(0, 0), (lm.n_layers - 1, lm.n_heads - 1)]]
+        ref = evaluate_head_sets(lm, enc, sets, progress=False, result_cache=False).accuracy   # [sets]
+        for heads, acc in zip(sets[1:], ref[1:]):
+            want = float(acc - ref[0])
+            got = float(fn(lm, enc, list(heads)))
+            if abs(got - want) > 1e-9:
+                hint = (" That is the intact accuracy minus the ablated one: the change is ablated minus intact."
+                        if abs(got + want) < 1e-9 and want else
+                        " Ablated accuracy is the share of items answered right with the heads removed.")
+                raise AssertionError(f"removing {format_heads(heads)} on {_describe(lm)}, {enc.n_items} items: your "
+                                     f"change is {got:+.4f}, the engine's {want:+.4f}.{hint}")
+        print(f"check_delta_accuracy passed: {len(sets) - 1} head sets on {lm.name}, {enc.n_items} items")
 
 
 def _check_screen(fn: Callable, lm, task) -> None:

@@ -11,7 +11,11 @@ failed and how (the autograder, :mod:`cel_utils.exercises`, prints that line). T
 * :func:`check_greedy` (chapter 2): forward selection's path, against :func:`cel_utils.search.greedy`;
 * :func:`check_direct` (chapter 2a): direct contributions to a logit difference through a frozen final norm;
 * :func:`check_equal_rate_null` (chapter 2b): the per-item ceiling's equal-rate null, against its closed form;
-* :func:`check_kind` (chapter 3a): what a removal does to two tasks, against :func:`cel_utils.rival.kind_of`.
+* :func:`check_kind` (chapter 3a): what a removal does to two tasks, against :func:`cel_utils.rival.kind_of`;
+* :func:`check_interaction` (chapter 2): a set's interaction on per-item margins, against
+  :func:`cel_utils.joint.margin_interaction`;
+* :func:`check_threshold` (chapter 3): task B's C-correlation where the joint optimum's C weight changes sign, against
+  a root of :func:`cel_utils.theory.optimum` found by ``scipy.optimize.brentq``.
 
 Example:
     >>> from scipy.stats import false_discovery_control
@@ -24,10 +28,13 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from scipy.optimize import brentq
 
+from .joint import margin_interaction
 from .labels import check as reading_check
 from .rival import kind_of
 from .search import greedy
+from .theory import DEFAULT, Setup, optimum
 
 # ---------------------------------------------------------------------------------------------------------
 # chapter 1a: Benjamini-Hochberg
@@ -223,3 +230,73 @@ def check_kind(fn: Callable, cases=KIND_CASES) -> None:
                                  "change counts only when it is more than eps; B's change is signed (positive is "
                                  "better).")
     print(f"check_kind passed: {len(cases)} cases")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 2: a set's interaction on margins
+# ---------------------------------------------------------------------------------------------------------
+def interaction_case(seed: int, k: int, n: int) -> tuple:
+    rng = np.random.default_rng(seed)
+    base = rng.normal(1.0, 1.0, n)                       # [n_items] the intact model's margins
+    singles = base + rng.normal(0.2, 0.5, (k, n))        # [k, n_items] each head removed alone
+    joint = base + (singles - base).sum(0) + rng.normal(0.1, 0.3, n)   # [n_items] all k removed together
+    return base, joint, singles
+
+
+INTERACTION_CASES = tuple(interaction_case(s, 2, n) for s, n in ((0, 12), (1, 40), (2, 5)))
+
+
+def check_interaction(fn: Callable, cases=INTERACTION_CASES, as_list: bool = False) -> None:
+    """Check ``fn(base, joint, singles) -> interaction``: ``base`` and ``joint`` are per-item margins ``[n_items]``
+    of the intact model and of the set removed, ``singles`` ``[n_heads, n_items]`` of each head removed alone; the
+    interaction is the mean over items of (the set's change) - (the sum of its heads' changes). Compared with
+    :func:`cel_utils.joint.margin_interaction`. ``as_list``: every argument a plain list (as a record holds it)."""
+    for i, (base, joint, singles) in enumerate(cases):
+        want = margin_interaction(base, joint, singles, n_boot=200)[0]
+        args = (base.tolist(), joint.tolist(), singles.tolist()) if as_list else (base, joint, singles)
+        got = float(fn(*args))
+        if not np.isclose(got, want, rtol=1e-9, atol=1e-12):
+            once = float(np.mean(joint - singles.sum(0)))
+            hint = ("That subtracts the intact margins once; each head's change is its margin minus the intact one, "
+                    "so the intact margins enter once per head." if np.isclose(got, once) else
+                    "Each change is measured from the intact model: (joint - base) - sum over heads of (single - base).")
+            raise AssertionError(f"case {i} ({singles.shape[0]} heads, {len(base)} items): your interaction is "
+                                 f"{got:.6f}, the set's is {want:.6f}. {hint}")
+    print(f"check_interaction passed: {len(cases)} cases")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# chapter 3: where the joint optimum's C weight changes sign
+# ---------------------------------------------------------------------------------------------------------
+def c_weight_root(setup: Setup) -> float:
+    """Task B's C-correlation at which the joint optimum's C weight is 0, the rest of ``setup`` kept.
+
+    Example:
+        >>> round(c_weight_root(DEFAULT), 2)
+        -0.37
+    """
+    def w_c(rb: float) -> float:
+        rho_b = list(setup.rho_b)
+        rho_b[2] = rb
+        return float(optimum(Setup(rho_a=setup.rho_a, rho_b=tuple(rho_b), m=setup.m))[0][2])
+    return float(brentq(w_c, -1.0, 1.0, xtol=1e-6))
+
+
+THRESHOLD_CASES = (("the chapter's set-up", DEFAULT), ("A's C-correlation 0.3", Setup(rho_a=(0.8, 0.0, 0.3, 0.0))))
+
+
+def check_threshold(fn: Callable, cases=THRESHOLD_CASES, tol: float = 0.01) -> None:
+    """Check ``fn(setup) -> threshold``: the value of task B's C-correlation (``setup.rho_b[2]``; the other
+    correlations and ``m`` as in ``setup``) at which the joint optimum's C weight :math:`W^*_C` changes sign,
+    within ``tol``; compared with :func:`c_weight_root`."""
+    for name, setup in cases:
+        want = c_weight_root(setup)
+        got = float(fn(setup))
+        if abs(got - want) > tol:
+            hint = ("That is minus A's C-correlation: the tasks' other features and the distractors move the root."
+                    if np.isclose(got, -setup.rho_a[2], atol=tol) else
+                    "Find where theory.optimum(...)[0][2] changes sign as task B's C-correlation varies (a grid, then "
+                    "bisection or scipy.optimize.brentq).")
+            raise AssertionError(f"{name} (rho_a {setup.rho_a}, m {setup.m}): your threshold is {got:+.4f}, the "
+                                 f"C weight changes sign at {want:+.4f}. {hint}")
+    print(f"check_threshold passed: {len(cases)} set-ups")

@@ -291,14 +291,14 @@ def cmd_calibrate(args):
 
 
 def cmd_exercises(args):
-    """``list``: the checked exercises, one a line; ``check NOTEBOOK``: grade a learner's notebook offline, one
+    """``list``: the checked exercises, one a line, then the others with why they have no check; ``check NOTEBOOK``: grade a learner's notebook offline, one
     line per exercise (PASS, FAIL or MISSING); exit status 1 when a present exercise fails, else 3 when one is
     missing (so that a batch grader tells an empty submission from a pass), 0 only when every one passes."""
-    from .exercises import EXERCISES, grade_file
+    from .exercises import EXERCISES, grade_file, unchecked_lines
 
     if args.action == "list":
-        for ex in EXERCISES:
-            print(ex.line())
+        for line in [ex.line() for ex in EXERCISES] + unchecked_lines():
+            print(line)
         return
     from pathlib import Path
 

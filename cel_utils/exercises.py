@@ -8,10 +8,8 @@
   namespace. A cell that does not parse fails the exercises it defines (nothing else in it runs).
 * :func:`grade` -- each exercise's public check, then its held-back checks, one :class:`Result` per exercise.
 
-The held-back checks use the same machinery as :mod:`cel_utils.checks` (the library's functions as the
-reference) on inputs the public check does not use: other tiny-model families and seeds and other head sets
-(ablation), other fixes and breaks counts including a large one (McNemar), other models and items (screen),
-other set-ups (rates).
+The held-back checks (:mod:`cel_utils.heldback`) use the same machinery as :mod:`cel_utils.checks` (the
+library's functions as the reference) on inputs the public check does not use.
 
 Example:
     >>> print(grade({"cells": []})[0].line())
@@ -24,153 +22,19 @@ import ast
 import contextlib
 import io
 import json
-import random
 import re
-import string
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
-from .ablation import ablate_heads, format_heads
-from .checks import check_ablation, check_mcnemar, check_rates, check_screen, tiny_lm
-from .checks_numeric import (check_bh, check_direct, check_equal_rate_null, check_greedy, check_kind, check_reading,
-                             direct_cases, pair_score, reading_cases)
+from . import heldback as held
+from .checks import check_ablation, check_delta_accuracy, check_mcnemar, check_rates, check_screen
+from .checks_numeric import (check_bh, check_direct, check_equal_rate_null, check_greedy, check_interaction,
+                             check_kind, check_reading, check_threshold)
 from .errors import CELError
-from .stats import fixes_breaks, mcnemar_exact
-from .tasks import Task
-from .theory import Setup
-
-
-# ---------------------------------------------------------------------------------------------------------
-# held-back checks: the same comparisons as cel_utils.checks, on inputs the public check does not use
-# ---------------------------------------------------------------------------------------------------------
-# families and seeds the public check_ablation does not use: qwen2 (a bias on q/k/v), mistral (4 query heads
-# share 1 key/value head), gpt2 (the output projection is a Conv1D, its weight stored [in, out])
-ABLATION_MODELS = (("qwen2", 1), ("mistral", 2), ("gpt2", 3), ("llama", 4))
-
-
-def _ablation_other_models(fn: Callable) -> None:
-    for family, seed in ABLATION_MODELS:
-        check_ablation(fn, lm=tiny_lm(family, seed=seed))
-
-
-def _held_head_sets(lm) -> list[list[tuple[int, int]]]:
-    """Head sets the public check does not try: three heads of one layer, a whole layer, one head in every layer
-    (given from the last layer down), and no head at all (the unablated model)."""
-    L, H = lm.n_layers, lm.n_heads
-    return [[(0, h) for h in sorted({0, H // 2, H - 1})], [(L - 1, h) for h in range(H)],
-            [(l, (l + 1) % H) for l in reversed(range(L))], []]
-
-
-def _reference(lm, ids, heads) -> torch.Tensor:
-    with torch.no_grad(), ablate_heads(lm, list(heads)):
-        return lm.model(input_ids=ids, use_cache=False).logits.float()
-
-
-def _ablation_other_sets(fn: Callable) -> None:
-    for family, seed in (("llama", 5), ("gemma3", 6)):
-        lm = tiny_lm(family, seed=seed)
-        ids = torch.randint(2, 90, (3, 13), generator=torch.Generator().manual_seed(seed))
-        base = _reference(lm, ids, [])
-        for heads in _held_head_sets(lm):
-            where = f"ablating {format_heads(heads) or 'no head'} on {lm.name}, input of shape {tuple(ids.shape)}"
-            with torch.no_grad():
-                out = fn(lm, ids.clone(), list(heads))
-            got = getattr(out, "logits", out)
-            if not isinstance(got, torch.Tensor):
-                raise AssertionError(f"{where}: your function returned {type(got).__name__}; return the logits")
-            ref = _reference(lm, ids, heads)
-            if got.shape != ref.shape:
-                raise AssertionError(f"{where}: your logits have shape {tuple(got.shape)}, expected "
-                                     f"{tuple(ref.shape)}")
-            diff = float((got.detach().float() - ref).abs().max())
-            if diff > 1e-4 * max(1.0, float(ref.abs().max())):
-                raise AssertionError(f"{where}: your logits differ from cel_utils.ablation.ablate_heads by up to "
-                                     f"{diff:.4g}")
-            if not torch.equal(_reference(lm, ids, []), base):
-                raise AssertionError(f"after {where}, the model's unablated output changed: remove your hooks "
-                                     "and restore any weight you edited")
-
-
-# (fixes, breaks, unchanged right, unchanged wrong): counts the public check does not use, up to 1200 flips
-MCNEMAR_CASES = ((0, 1, 6, 3), (9, 1, 4, 2), (2, 11, 0, 1), (25, 25, 10, 10), (40, 21, 100, 50), (130, 96, 0, 0),
-                 (610, 590, 30, 20))
-
-
-def _mcnemar_other_counts(fn: Callable) -> None:
-    for i, (f, b, rr, ww) in enumerate(MCNEMAR_CASES):
-        base = np.array([False] * f + [True] * b + [True] * rr + [False] * ww)
-        abl = np.array([True] * f + [False] * b + [True] * rr + [False] * ww)
-        order = np.random.default_rng(100 + i).permutation(len(base))
-        base, abl = base[order], abl[order]
-        out = np.asarray(fn(base.copy(), abl.copy()), dtype=float).reshape(-1)
-        if out.size != 1:
-            raise AssertionError(f"return one p-value (a float); got {out.size} numbers")
-        ref = float(mcnemar_exact(*fixes_breaks(base, abl))[0])
-        if not abs(float(out[0]) - ref) <= 1e-9:
-            raise AssertionError(f"{f} fixes, {b} breaks, {rr + ww} unchanged items: your p-value is "
-                                 f"{float(out[0]):.4g}, the exact two-sided McNemar p-value is {ref:.4g}")
-
-
-def _screen_task(n: int, choices: tuple[str, ...], seed: int) -> Task:
-    """Multiple-choice items after a random lowercase prompt ending in ':' (choices of several tokens)."""
-    rng = random.Random(seed)
-    items = [{"prompt": "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9))) + ":",
-              "choices": list(choices), "answer": i % len(choices)} for i in range(n)]
-    return Task(name="held-back", kind="mc", items=items)
-
-
-def _screen_other_models(fn: Callable) -> None:
-    check_screen(fn, lm=tiny_lm("gpt2", seed=4), task=_screen_task(15, (" yes", " no", " maybe"), seed=1))
-    check_screen(fn, lm=tiny_lm("gemma3", seed=2), task=_screen_task(10, (" a", " b"), seed=5))
-
-
-# set-ups the public check does not use; in the first and last the distractors D correlate with the tasks
-RATE_SETUPS = (("distractors correlated with A", Setup(rho_a=(0.8, 0.0, 0.5, 0.1))),
-               ("one distractor", Setup(m=1)),
-               ("m = 60, both tasks on every type", Setup(rho_a=(0.6, 0.1, 0.4, 0.05),
-                                                           rho_b=(0.1, 0.5, -0.7, -0.05), m=60)))
-
-
-def _rates_other_setups(fn: Callable) -> None:
-    check_rates(fn, setups=RATE_SETUPS)
-
-
-def _bh_other_sizes(fn: Callable) -> None:
-    rng = np.random.default_rng(11)
-    check_bh(fn, cases=[rng.uniform(0, 1, n).tolist() for n in (2, 7, 120, 300)]   # in no particular order
-             + [[0.5, 0.0, 0.0], [1.0, 1.0], rng.beta(0.2, 5, 60).tolist()])
-
-
-def _reading_other_items(fn: Callable) -> None:
-    rng = np.random.default_rng(8)
-    check_reading(fn, cases=reading_cases(seed=7) + [(np.r_[np.ones(30), -np.ones(5)], 0.5),
-                                                      (np.full(10, -0.2), -0.1), (rng.normal(0.3, 1, 400), 0.2)])
-
-
-def _greedy_other_pools(fn: Callable) -> None:
-    heads = [(0, 1), (2, 3), (1, 0), (3, 3), (2, 2), (0, 0)]
-    gains = dict(zip(heads, (0.05, 0.2, 0.2, -0.1, 0.1, 0.0)))   # (2, 3) and (1, 0) tie: the earlier wins
-    check_greedy(fn, cases=(
-        ("heads as (layer, head), a tie", heads, pair_score(gains, {((2, 2), (3, 3)): 0.4}), 4),
-        ("max_size below the pool", list(range(8)), pair_score({i: 0.1 * (i % 3) for i in range(8)}, {}), 2)))
-
-
-def _direct_other_shapes(fn: Callable) -> None:
-    check_direct(fn, cases=direct_cases(seed=3, rest=1.5))
-
-
-def _null_other_counts(fn: Callable) -> None:
-    check_equal_rate_null(fn, cases=(([40, 0, 0, 0, 1], 40), ([1], 300), (list(range(12)), 64)), as_list=True)
-
-
-def _kind_other_eps(fn: Callable) -> None:
-    check_kind(fn, cases=(([0.0, -0.3, 0.2, 0.2], [0.3, 0.3, -0.2, -0.19], 0.0),
-                          ([0.1, 0.11, 0.11], [-0.11, -0.1, 0.5], 0.1)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -204,27 +68,57 @@ class Exercise:
 
 EXERCISES: tuple[Exercise, ...] = (
     Exercise("ex-ch1-hook", "01_screening", "my_ablate", "(lm, input_ids, heads) -> logits", check_ablation,
-             (("tiny qwen2, mistral, gpt2 and llama of other seeds", _ablation_other_models),
-              ("three heads of a layer, a whole layer, a head per layer, no head", _ablation_other_sets))),
+             (("tiny qwen2, mistral, gpt2 and llama of other seeds", held.ablation_other_models),
+              ("three heads of a layer, a whole layer, a head per layer, no head", held.ablation_other_sets))),
     Exercise("ex-ch1-mcnemar", "01_screening", "my_mcnemar", "(base, ablated) -> p-value", check_mcnemar,
-             (("other fixes and breaks counts, up to 1200 flips", _mcnemar_other_counts),)),
+             (("other fixes and breaks counts, up to 1200 flips", held.mcnemar_other_counts),)),
+    Exercise("ex-ch1-manual", "01_screening", "my_delta_accuracy", "(lm, enc, heads) -> change in accuracy",
+             check_delta_accuracy, (("tiny gpt2 with three-choice items, tiny gemma3 with other items", held.delta_other_models),)),
     Exercise("ex-ch1a-bh", "01a_landscape", "my_bh", "(p) -> q-values", check_bh,
-             (("unsorted p-values of other sizes, zeros and ones", _bh_other_sizes),)),
+             (("unsorted p-values of other sizes, zeros and ones", held.bh_other_sizes),)),
     Exercise("ex-ch1b-loop", "01b_screening_at_scale", "my_screen", "(lm, task, heads) -> table", check_screen,
-             (("tiny gpt2 with three-choice items, tiny gemma3 with other items", _screen_other_models),)),
+             (("tiny gpt2 with three-choice items, tiny gemma3 with other items", held.screen_other_models),)),
     Exercise("ex-ch2-forward", "02_joint_search", "my_greedy", "(pool, score, max_size) -> path", check_greedy,
-             (("heads as (layer, head) with a tie, max_size below the pool", _greedy_other_pools),)),
+             (("heads as (layer, head) with a tie, max_size below the pool", held.greedy_other_pools),)),
+    Exercise("ex-ch2-interaction", "02_joint_search", "my_interaction", "(base, joint, singles) -> interaction",
+             check_interaction, (("sets of three and four heads, margins as lists", held.interaction_other_sets),)),
     Exercise("ex-ch1c-reading", "01c_capability", "my_reading", "(d, above) -> reading", check_reading,
-             (("other items, thresholds other than 0", _reading_other_items),)),
+             (("other items, thresholds other than 0", held.reading_other_items),)),
     Exercise("ex-ch2a-frozen", "02a_mechanism", "my_direct", "(outs, scale, gamma, w_diff) -> contributions",
-             check_direct, (("a residual with a component not in outs", _direct_other_shapes),)),
+             check_direct, (("a residual with a component not in outs", held.direct_other_shapes),)),
     Exercise("ex-ch3-derive", "03_theory", "my_rates", "(setup, lr) -> dict of rates", check_rates,
-             (("set-ups with correlated distractors and other m", _rates_other_setups),)),
+             (("set-ups with correlated distractors and other m", held.rates_other_setups),)),
+    Exercise("ex-ch3-threshold", "03_theory", "my_threshold", "(setup) -> B's C-correlation", check_threshold,
+             (("distractors correlated with A, m = 60, A's C-correlation 0.7", held.threshold_other_setups),)),
     Exercise("ex-ch2b-null", "02b_remove_scale_boost", "my_equal_rate_null", "(fixes, n_wrong) -> share",
-             check_equal_rate_null, (("fixes as a list, a head fixing all, one item in many, twelve heads", _null_other_counts),)),
+             check_equal_rate_null, (("fixes as a list, a head fixing all, one item in many, twelve heads", held.null_other_counts),)),
     Exercise("ex-ch3a-kind", "03a_conflict_or_noise", "my_kind", "(gain_a, change_b, eps) -> kinds", check_kind,
-             (("eps of 0 and of 0.1, changes at the edge", _kind_other_eps),)),
+             (("eps of 0 and of 0.1, changes at the edge", held.kind_other_eps),)),
 )
+
+
+# The exercises without a check, and why none: their answer is an argument (``discussion``), a comparison the
+# solution prints beside the chapter's own number, equal when right (``compare``), or a reading of a run at other
+# settings (``explore``). An exercise whose answer is code or a number the chapter does not print has a check.
+UNCHECKED_KINDS = {"discussion": "the answer is an argument; the instructor notes give the expected answer",
+                   "compare": "the solution prints the learner's number beside the chapter's own: equal when right",
+                   "explore": "a run at other settings, read and discussed"}
+UNCHECKED: dict[str, str] = {
+    "ex-ch1-mean": "explore", "ex-ch1a-bias": "explore", "ex-ch1a-rule": "discussion", "ex-ch1b-engine": "compare",
+    "ex-ch1b-gradient": "explore", "ex-ch1c-format": "explore", "ex-ch1c-offset": "discussion",
+    "ex-ch2-greedy": "compare", "ex-ch2-random": "discussion", "ex-ch2-gates": "explore", "ex-ch2a-share": "explore",
+    "ex-ch2a-direct": "compare", "ex-ch2b-grid": "explore", "ex-ch3-flip": "explore", "ex-ch3-rates": "explore",
+    "ex-ch3a-gate": "explore", "ex-ch3a-net": "explore"}
+
+
+def unchecked_lines() -> list[str]:
+    """One line per exercise without a check: its label, its kind and what that kind means.
+
+    Example:
+        >>> unchecked_lines()[0]
+        'ex-ch1-mean     not checked: explore (a run at other settings, read and discussed)'
+    """
+    return [f"{label:<15} not checked: {kind} ({UNCHECKED_KINDS[kind]})" for label, kind in UNCHECKED.items()]
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -460,7 +354,7 @@ def chapter_exercises(nb: dict, path=None, chapter: str | None = None) -> tuple[
 
     Example:
         >>> [e.label for e in chapter_exercises({"cells": []}, "03_theory.ipynb")]
-        ['ex-ch3-derive']
+        ['ex-ch3-derive', 'ex-ch3-threshold']
     """
     chapters = sorted({e.chapter for e in EXERCISES})
     if chapter == "all":

@@ -9,7 +9,7 @@ import pytest
 
 from cel_utils import book
 from cel_utils.cli import main
-from cel_utils.exercises import EXERCISES, find_functions, grade
+from cel_utils.exercises import EXERCISES, UNCHECKED, find_functions, grade
 
 BY_FUNCTION = {e.function: e for e in EXERCISES}
 
@@ -78,6 +78,21 @@ def test_the_registry_matches_the_chapters():
                 assert f":label: {e.label}" in text, e.label
                 assert re.search(rf"^def {e.function}\(", code, flags=re.M), e.function
     assert calls == {(e.chapter, e.check.__name__, e.function) for e in EXERCISES}
+
+
+def test_every_exercise_is_checked_or_says_why_not():
+    """Issue 53: each exercise of the chapters is either registered with a check or listed as unchecked with its
+    kind (an argument, a comparison the solution prints, a run at other settings), never both, never neither; an
+    exercise that asks for a function (``my_*``) is checked."""
+    labels = {}
+    for nb_path in book.NOTEBOOKS.glob("[0-9]*.ipynb"):
+        for c in json.loads(nb_path.read_text())["cells"]:
+            for label, body in re.findall(r":::\{exercise\} (ex-[\w-]+)\n(.*?)\n:::", "".join(c["source"]), re.S):
+                labels[label] = body
+    checked = {e.label for e in EXERCISES}
+    assert not checked & set(UNCHECKED)
+    assert set(labels) == checked | set(UNCHECKED)
+    assert {lab for lab, body in labels.items() if re.search(r"\bmy_\w+\(", body)} <= checked
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -315,6 +330,47 @@ import numpy as np
 def my_kind(gain_a, change_b, eps):
     return np.where(gain_a > eps, np.where(np.abs(change_b) > eps, "two-sided", "one-sided"), "none")
 '''),
+    # intact minus ablated: the change with its sign flipped (public check)
+    "delta: intact minus ablated": ("my_delta_accuracy", "public", '''
+from cel_utils.scoring import plain_evaluate
+def my_delta_accuracy(lm, enc, heads):
+    return plain_evaluate(lm, enc).accuracy[0] - plain_evaluate(lm, enc, heads).accuracy[0]
+'''),
+    # the intact accuracy kept from the first call: right on the public check's model, wrong on others (held-back)
+    "delta: a remembered baseline": ("my_delta_accuracy", "held-back", '''
+from cel_utils.ablation import ablate_heads
+from cel_utils.scoring import plain_evaluate
+def my_delta_accuracy(lm, enc, heads, _base={}):
+    if "acc" not in _base:
+        _base["acc"] = plain_evaluate(lm, enc).accuracy[0]
+    with ablate_heads(lm, heads):
+        return plain_evaluate(lm, enc).accuracy[0] - _base["acc"]
+'''),
+    # the intact margins subtracted once, not once per head (public check)
+    "interaction: base subtracted once": ("my_interaction", "public", '''
+import numpy as np
+def my_interaction(base, joint, singles):
+    return float(np.mean(np.asarray(joint) - np.asarray(singles).sum(axis=0)))
+'''),
+    # written for two heads, on arrays: fails on three heads and on lists (held-back check)
+    "interaction: two heads only": ("my_interaction", "held-back", '''
+def my_interaction(base, joint, singles):
+    return float(((joint - base) - (singles[0] - base) - (singles[1] - base)).mean())
+'''),
+    # minus A's C-correlation: the symmetric guess (public check)
+    "threshold: minus A's correlation": ("my_threshold", "public", '''
+def my_threshold(setup):
+    return -setup.rho_a[2]
+'''),
+    # B's other correlations taken from the chapter's set-up, not from setup (held-back check)
+    "threshold: B's other correlations fixed": ("my_threshold", "held-back", '''
+from scipy.optimize import brentq
+from cel_utils import theory
+def my_threshold(setup):
+    def c_weight(rb):
+        return theory.optimum(theory.Setup(rho_a=setup.rho_a, rho_b=(0.0, 0.4, rb, 0.0), m=setup.m))[0][2]
+    return brentq(c_weight, -1.0, 1.0)
+'''),
     # the frozen scale recomputed from outs: right only when outs is the whole residual (held-back check)
     "direct: scale recomputed from outs": ("my_direct", "held-back", '''
 import numpy as np
@@ -407,10 +463,10 @@ def test_a_chapter_notebook_is_graded_on_its_own_exercises(tmp_path, capsys):
     nb = notebook(MCNEMAR)
     nb["cells"].insert(0, md)
     code, out, _ = run(["exercises", "check", write(tmp_path, nb)], capsys)
-    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch3-derive"] and code == 3   # it is missing
+    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch3-derive", "ex-ch3-threshold"] and code == 3
     plain = write(tmp_path, notebook(MCNEMAR), name="01_screening.ipynb")
     code, out, _ = run(["exercises", "check", plain], capsys)
-    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch1-hook", "ex-ch1-mcnemar"]
+    assert [line.split()[1] for line in out.splitlines()] == ["ex-ch1-hook", "ex-ch1-mcnemar", "ex-ch1-manual"]
     code, out, _ = run(["exercises", "check", plain, "--chapter", "all"], capsys)
     assert len(out.splitlines()) == len(EXERCISES)
     code, out, err = run(["exercises", "check", plain, "--chapter", "09_nothing"], capsys)
@@ -420,7 +476,8 @@ def test_a_chapter_notebook_is_graded_on_its_own_exercises(tmp_path, capsys):
 def test_list_names_every_exercise(capsys):
     code, out, _ = run(["exercises", "list"], capsys)
     lines = out.splitlines()
-    assert code == 0 and len(lines) == len(EXERCISES)
+    assert code == 0 and len(lines) == len(EXERCISES) + len(UNCHECKED)
+    assert [line.split()[0] for line in lines[len(EXERCISES):]] == list(UNCHECKED)
     for e, line in zip(EXERCISES, lines):
         assert line.split()[:2] == [e.label, e.chapter]
         assert f"{e.function}{e.signature}" in line and f"{e.check.__name__}({e.function})" in line
@@ -465,13 +522,14 @@ def test_a_folder_of_submissions_gives_one_row_per_student_and_exercise(tmp_path
     (subs / "alice" / ".ipynb_checkpoints" / "01_screening-checkpoint.ipynb").write_text("not json")
     code, out, err = run(["exercises", "check", str(subs), "--summary", str(tmp_path / "g.csv")], capsys)
     assert code == 1 and err == ""
-    assert out.splitlines() == ["alice alice/01_screening.ipynb: 1 PASS, 0 FAIL, 1 MISSING",
-                                "bob bob/01_screening.ipynb: 0 PASS, 0 FAIL, 2 MISSING",
+    assert out.splitlines() == ["alice alice/01_screening.ipynb: 1 PASS, 0 FAIL, 2 MISSING",
+                                "bob bob/01_screening.ipynb: 0 PASS, 0 FAIL, 3 MISSING",
                                 "carol carol/01_screening.ipynb: 0 PASS, 1 FAIL, 0 MISSING"]
     t = pd.read_csv(tmp_path / "g.csv")
     assert list(zip(t.student, t.exercise.fillna(""), t.outcome)) == [
-        ("alice", "ex-ch1-hook", "MISSING"), ("alice", "ex-ch1-mcnemar", "PASS"), ("bob", "ex-ch1-hook", "MISSING"),
-        ("bob", "ex-ch1-mcnemar", "MISSING"), ("carol", "", "FAIL")]
+        ("alice", "ex-ch1-hook", "MISSING"), ("alice", "ex-ch1-mcnemar", "PASS"), ("alice", "ex-ch1-manual", "MISSING"),
+        ("bob", "ex-ch1-hook", "MISSING"), ("bob", "ex-ch1-mcnemar", "MISSING"), ("bob", "ex-ch1-manual", "MISSING"),
+        ("carol", "", "FAIL")]
     assert t.stage.iloc[-1] == "file" and "is not a notebook" in t.message.iloc[-1]
     code, _, _ = run(["exercises", "check", str(subs), "--summary", str(tmp_path / "g.json")], capsys)
     j = json.loads((tmp_path / "g.json").read_text())
