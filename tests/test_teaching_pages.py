@@ -216,3 +216,18 @@ def test_every_exercise_has_one_folded_hint_before_its_solution():
             hinted += re.findall(rf":::\{{exercise\}} (ex-[\w-]+)\n:label: \1\n(?:.*\n)*?:::\n\n{hint}:::\{{solution\}} \1\n",
                                  text)
     assert labels and sorted(hinted) == sorted(labels), sorted(set(labels) - set(hinted))
+
+
+def test_no_chapter_names_a_setting_in_its_prose():
+    """Issue 53: the chapters' prose says what a setting means, with its value glued, and never names the constant
+    (`POWER_GAIN`, `ROOM`, ...) that holds it; the glossary is where a reader finds which setting that is."""
+    from cel_utils import defaults as d
+
+    settings = {n for n in dir(d) if re.fullmatch(r"[A-Z][A-Z0-9_]+", n)}
+    named = []
+    for p in sorted(book.NOTEBOOKS.glob("[0-9]*.ipynb")):
+        for c in json.loads(p.read_text())["cells"]:
+            if c["cell_type"] == "markdown":
+                named += [(p.stem, n) for n in re.findall(r"`(?:cel_utils\.defaults\.)?([A-Z][A-Z0-9_]{2,})`", "".join(c["source"]))
+                          if n in settings]
+    assert named == []
