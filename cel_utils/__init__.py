@@ -46,7 +46,8 @@ Modules, in the order imports flow (each imports only from modules before it):
 * ``heldback`` (the checks on inputs the chapters do not show), ``exercises`` (the offline autograder: registry, held-back checks)
 * ``gradebook`` (a folder of submissions graded: one row per student and exercise, CSV or JSON)
 * ``tables`` (tables for people), ``figcheck`` (what every figure must satisfy), ``plots`` (offline plotly figures)
-* ``joint_plots`` (chapter 2's figures), ``theory_plots`` (chapter 3's figures)
+* ``joint_plots`` (chapter 2's figures), ``explanation_plots`` (chapter 2a's view of a head), ``theory_plots``
+  (chapter 3's figures)
 * ``widgets`` (live explorers, the kernel-free subset explorer)
 * ``shards`` (screens in shards, ``cel merge``), ``cluster`` (a screen's chunks on a pool of Ray workers, ``--ray``)
 * ``book`` (execute the chapters, build the HTML)

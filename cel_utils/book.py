@@ -1,12 +1,11 @@
 """Building the book: execute the chapters with papermill, then build the HTML with jupyter-book 1.
 
-    python -m cel_utils.book execute [--out book/chapters] [--only 01_screening]
+    python -m cel_utils.book execute [--out book/chapters] [--only 01_screening] [--parameters FILE.json]
     python -m cel_utils.book build
     python -m cel_utils.book student     # the student edition: no solutions, from the executed chapters
 
 Executing writes ``book/chapters/<name>.ipynb`` and an execution-status page with each notebook's run time.
-Building copies ``plotly.min.js`` from the installed plotly into ``book/assets/vendor`` (served locally:
-no page of the book requests anything from the network).
+Building copies ``plotly.min.js`` from the installed plotly into ``book/assets/vendor`` (served locally).
 The student edition (:func:`student`, ``make student-book``) stages a copy of the book whose executed chapters
 have every ``{solution}`` block and every ``solution-check`` cell removed, leaves out the instructor pages, and
 builds it into ``_build/student/html`` without executing anything.
@@ -25,6 +24,7 @@ import time
 from pathlib import Path
 
 from . import lockfile, threads
+from .errors import CELError
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -66,8 +66,6 @@ def check_parameters(namespace: dict, **types) -> None:
         ...
         cel_utils.errors.CELError: parameter 'n' must be int, got str '3'
     """
-    from .errors import CELError
-
     for name, typ in types.items():
         val = namespace.get(name)
         ok = isinstance(val, typ) and not (typ in (int, float) and isinstance(val, bool))
@@ -108,12 +106,22 @@ def with_solutions(src: Path, dest: Path) -> Path:
 
 def title(nb_path: Path) -> str:
     """A chapter's title: the first level-1 heading of its first markdown cell."""
-    for c in json.loads(Path(nb_path).read_text())["cells"]:
-        if c["cell_type"] == "markdown":
-            for line in "".join(c["source"]).splitlines():
-                if line.startswith("# "):
-                    return line[2:].strip()
-    return Path(nb_path).stem
+    cells = [c for c in json.loads(Path(nb_path).read_text())["cells"] if c["cell_type"] == "markdown"]
+    heads = [line[2:].strip() for line in "".join(cells[0]["source"] if cells else "").splitlines() if line.startswith("# ")]
+    return heads[0] if heads else Path(nb_path).stem
+
+
+def read_parameters(path) -> dict[str, dict]:
+    """Parameters per chapter from a JSON file (keys starting with ``_`` are notes); an unknown chapter is an error.
+
+        >>> set(read_parameters(ROOT / "book" / "live_parameters.json")) == set(expected_chapters())
+        True
+    """
+    table = {k: v for k, v in json.loads(Path(path).read_text()).items() if not k.startswith("_")}
+    unknown = sorted(set(table) - set(expected_chapters()))
+    if unknown:
+        raise CELError(f"{path}: no chapter {unknown[0]!r}; chapters: {', '.join(expected_chapters())}")
+    return table
 
 
 def execute(out: Path = CHAPTERS_DIR, only: list[str] | None = None, parameters: dict[str, dict] | None = None,
@@ -467,6 +475,7 @@ def main(argv=None) -> None:
     e = sub.add_parser("execute")
     e.add_argument("--out", default=str(CHAPTERS_DIR))
     e.add_argument("--only", nargs="*", default=None)
+    e.add_argument("--parameters", help="a JSON file of parameters per chapter: book/live_parameters.json for class")
     b = sub.add_parser("build")
     b.add_argument("--no-strict", action="store_true")
     st = sub.add_parser("student", help="the student edition (no solutions) from the executed chapters")
@@ -474,7 +483,7 @@ def main(argv=None) -> None:
     st.add_argument("--no-strict", action="store_true")
     a = p.parse_args(argv)
     if a.cmd == "execute":
-        execute(Path(a.out), a.only)
+        execute(Path(a.out), a.only, read_parameters(a.parameters) if a.parameters else None)
     elif a.cmd == "student":
         html = student(Path(a.out), strict=not a.no_strict)
         print(f"The student edition is at {html / 'index.html'}; its notebooks, without solutions, are in "

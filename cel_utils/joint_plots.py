@@ -17,7 +17,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .plots import clipped_bars, fit
+from IPython.display import display
+
+from .plots import clipped_bars, figure, fit
+from .tables import table
 
 # ---------------------------------------------------------------------------------------------
 # Joint search on a pool of screened heads, its controls, and its cost on other tasks
@@ -250,3 +253,29 @@ def recall_budget(t: pd.DataFrame, title: str | None = None) -> go.Figure:
     fig.update_layout(title=title, xaxis_title="forward-equivalents over the search items (log)", xaxis_type="log",
                       yaxis_title="recall of the exact top k", yaxis_range=[-0.05, 1.05], height=420)
     return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# One pair, shown
+# ---------------------------------------------------------------------------------------------
+def show_pair(js) -> None:
+    """Chapter 2's figures and tables of one pair's joint search: the trajectory, the controls, the
+    interactions, the best sets and what each strategy found."""
+    figure(search_trajectory(js), "The best set of each size on the search items, its confirm and held-out gains "
+           "(held-out 95% CI), and greedy's path.")
+    figure(random_control_figure(js), "The chosen sets against random head sets of the same size (plain control) "
+           "and against the whole pipeline run on random pools (selection-aware control).")
+    figure(interaction(js), "The change in held-out mean margin of each pair removed together against the sum "
+           "of its heads removed alone, with a bootstrap 95% CI.")
+    display(table(js.best, ["heads", "size", "search_delta_accuracy", "confirm_delta_accuracy", "confirm_q_value",
+                            "confirmed", "heldout_delta_accuracy", "heldout_ci_low", "heldout_p_holm", "holds",
+                            "interaction", "interaction_ci_low", "random_percentile"],
+                  formats={"random_percentile": "{:.0f}"},
+                  rename={"search_delta_accuracy": "search change", "confirm_delta_accuracy": "confirm change",
+                          "heldout_delta_accuracy": "held-out change", "heldout_ci_low": "95% CI",
+                          "heldout_p_holm": "p (Holm)", "interaction": "interaction (margin)",
+                          "random_percentile": "percentile among random sets"}))
+    strat = (js.strategies.pivot_table(index="strategy", columns="size", values="heads", aggfunc="first")
+             .join(js.strategies.groupby("strategy")[["n_evaluations", "est_seconds"]].first()))
+    display(table(strat.rename(columns=lambda c: f"best set of size {c}" if not isinstance(c, str) else c),
+                  digits=1, rename={"est_seconds": "estimated seconds"}))

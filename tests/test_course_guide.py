@@ -53,3 +53,29 @@ def test_every_session_has_a_handout_and_each_discussion_an_expected_answer():
         section = re.split(r"^## Session \d+", text, flags=re.M)[k].split("\n## ")[0]
         if "Discussion" in section or "debrief" in section:
             assert re.search(rf"^### Session {k} (discussion|debrief)", notes, flags=re.M), k
+
+
+def test_the_live_parameters_are_each_chapters_own_and_their_times_measured():
+    """Issue 53: homework at the live parameters (book/live_parameters.json) with its run time from a cold cache.
+    Each live parameter is one the chapter's parameters cell defines, of the same type (papermill would pass an
+    unknown name through silently); the course guide includes the measured table, which names every chapter."""
+    import ast
+    import json
+
+    from cel_utils import book
+
+    live = book.read_parameters(GUIDE.parent / "live_parameters.json")
+    assert set(live) == set(book.expected_chapters())
+    for chapter, params in live.items():
+        cells = json.loads((book.NOTEBOOKS / f"{chapter}.ipynb").read_text())["cells"]
+        src = next("".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", []))
+        defaults = {t.id: ast.literal_eval(n.value) for n in ast.parse(src).body if isinstance(n, ast.Assign)
+                    for t in n.targets}
+        for name, value in params.items():
+            assert name in defaults, (chapter, name)
+            want = type(defaults[name])
+            assert isinstance(value, want) or (want is float and isinstance(value, int)), (chapter, name, value)
+    assert "```{include} live_times.md\n```" in GUIDE.read_text(encoding="utf-8")
+    times = (GUIDE.parent / "live_times.md").read_text(encoding="utf-8")
+    for chapter in book.expected_chapters():
+        assert f"| {book.title(book.NOTEBOOKS / f'{chapter}.ipynb')} | " in times, chapter

@@ -10,7 +10,7 @@ PKG = Path(cel_utils.__file__).parent
 ORDER = ["errors", "defaults", "design", "io", "threads", "profiling", "lockfile", "records", "findings", "hooks", "cache", "models", "tiny", "generators", "variants", "tasks", "formats",
          "ablation", "scoring", "export", "engine", "calibration", "stats", "labels", "operating", "search", "power", "compare", "pipeline", "screening", "approximate", "joint",
          "gates", "direct", "selectors", "comparison", "effects", "robust", "battery", "verdict", "outcomes", "landscape", "mechanism", "attention", "sinks", "explanation", "dose",
-         "theory", "dynamics", "rival", "toynet", "checks", "checks_numeric", "heldback", "exercises", "gradebook", "tables", "figcheck", "plots", "joint_plots", "theory_plots", "widgets",
+         "theory", "dynamics", "rival", "toynet", "checks", "checks_numeric", "heldback", "exercises", "gradebook", "tables", "figcheck", "plots", "joint_plots", "explanation_plots", "theory_plots", "widgets",
          "shards", "cluster", "book", "lm_eval_model", "cli_common", "cli_screen", "cli"]
 
 
