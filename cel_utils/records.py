@@ -115,6 +115,31 @@ class Records:
     def pair(self, model: str, task: str) -> Pair | None:
         return next((p for p in self.pairs(model) if p.task == task), None)
 
+    def tasks_for(self, models: list[str], tasks: dict | str, cost=None, every: bool = False) -> dict[str, list[str]]:
+        """The tasks a later chapter runs per model: ``tasks`` itself when it is a dictionary ``{model: [tasks]}``
+        (a single task name is made a list); for ``"calibrated"``, of the tasks chapter 1a calibrated for the model
+        (each with room for a gain), the first, every one (``every``), or with ``cost(model, task)`` the localized
+        one of least cost (the first calibrated task when none was localized). A wrong value, or a model 1a
+        calibrated nothing for, is one clear error.
+
+            >>> Records("/nonexistent").tasks_for(["m"], {"m": "addition"})
+            {'m': ['addition']}
+        """
+        if isinstance(tasks, dict):
+            return {m: [t] if isinstance(t, str) else list(t) for m, t in tasks.items()}
+        if tasks != "calibrated":
+            raise ValueError(f'tasks must be "calibrated" or a dictionary {{model: [tasks]}}, not {tasks!r}')
+        calibrated = self.require(LANDSCAPE, "its calibrated tasks")["tasks"]
+        missing = [m for m in models if not calibrated.get(m)]
+        if missing:
+            raise ValueError(f"chapter 1a calibrated no task with room for {', '.join(missing)}: name its tasks in "
+                             "`tasks`")
+        if cost is None:
+            return {m: list(calibrated[m]) if every else calibrated[m][:1] for m in models}
+        held = {(r["model"], r["task"]) for r in self.verdicts().to_dict("records") if r["holds"]}
+        options = {m: [t for t in calibrated[m] if (m, t) in held] or calibrated[m][:1] for m in models}
+        return {m: [min(options[m], key=lambda t: cost(m, t))] for m in models}
+
     def verdicts(self) -> pd.DataFrame:
         """Chapter 1a's verdict table (one row per pair)."""
         return pd.DataFrame(self.raw.get(LANDSCAPE, {}).get("verdict", []))

@@ -83,23 +83,6 @@ def test_capability_chapter_picks_the_learned_gates_set(tmp_path):
     assert "learned gates' set (chapter 2)" not in {p[2] for p in _picks(land, joint, tmp_path)}
 
 
-def _joint_setup(tmp_path, cost=None, **params):
-    """Chapter 2's parameters cell and its set-up cell (imports, checks, the tasks resolved), run with
-    ``params`` over the defaults; the namespace after them. ``cost``: each task's screen cost (no model)."""
-    from unittest import mock
-
-    cells = _code_cells("02_joint_search")
-    ns = {}
-    exec(compile(cells[0], "02 parameters", "exec"), ns)
-    ns.update(params, chapters_dir=str(tmp_path))
-    (src,) = [c for c in cells if 'if "calibrated" in (tasks, cost_tasks)' in c]
-    with mock.patch("cel_utils.engine.screen_work", lambda lm, task: (cost or {}).get(task, 0.0)), \
-            mock.patch("cel_utils.models.load_model", lambda m: m), \
-            mock.patch("cel_utils.tasks.load_task", lambda t, *a, **k: t):
-        exec(compile(src, "02 set-up", "exec"), ns)
-    return ns
-
-
 def test_capability_chapter_takes_battery_pairs_per_model_in_calibration_order(tmp_path):
     """Two localized pairs of one model: with battery_pairs = 1 only one goes through the battery, chapter 2's
     pair first, else the one whose screen costs least (ties: chapter 1a's order); with 2 both do."""
@@ -117,25 +100,33 @@ def test_capability_chapter_takes_battery_pairs_per_model_in_calibration_order(t
 
 
 def test_joint_chapter_takes_its_tasks_from_the_calibration(tmp_path):
-    """Chapter 2's default tasks are each model's first task of chapter 1a's calibration and its cost tasks all of
-    them (read from 1a's record); a dictionary is used as given; a model 1a calibrated nothing for is a clear
-    error naming it; without 1a's record the error names the chapter to run."""
+    """Chapter 2's default tasks (Records.tasks_for) are each model's first task of chapter 1a's calibration, or
+    the localized one whose screen costs least, and its cost tasks all of them (read from 1a's record); a
+    dictionary is used as given; a model 1a calibrated nothing for is a clear error naming it; without 1a's record
+    the error names the chapter to run. The chapters 1b and 2 call it in their set-up cells."""
+    from cel_utils.records import Records
+
+    def setup(cost=None, models=("m1", "m2"), tasks="calibrated"):
+        rec = Records(tmp_path)
+        price = (lambda m, t: (cost or {}).get(t, 0.0))
+        return rec.tasks_for(list(models), tasks, cost=price), rec.tasks_for(list(models), "calibrated", every=True)
+
     with pytest.raises(FileNotFoundError, match="run 01a_landscape first"):
-        _joint_setup(tmp_path, models=["m1"])
+        setup(models=["m1"])
     rec = {"tasks": {"m1": ["a", "b"], "m2": ["c"]}, "verdict": []}
     (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
-    ns = _joint_setup(tmp_path, models=["m1", "m2"])   # nothing localized: each model's first calibrated task
-    assert ns["tasks"] == {"m1": ["a"], "m2": ["c"]} and ns["cost_tasks"] == {"m1": ["a", "b"], "m2": ["c"]}
+    tasks, cost_tasks = setup()   # nothing localized: each model's first calibrated task
+    assert tasks == {"m1": ["a"], "m2": ["c"]} and cost_tasks == {"m1": ["a", "b"], "m2": ["c"]}
+    assert Records(tmp_path).tasks_for(["m1", "m2"], "calibrated") == {"m1": ["a"], "m2": ["c"]}
     rec["verdict"] = [{"model": "m1", "task": t, "holds": True} for t in ("a", "b")]
     (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
-    ns = _joint_setup(tmp_path, cost={"a": 2.0, "b": 1.0}, models=["m1", "m2"])   # localized: the cheapest screen
-    assert ns["tasks"] == {"m1": ["b"], "m2": ["c"]}
+    assert setup(cost={"a": 2.0, "b": 1.0})[0] == {"m1": ["b"], "m2": ["c"]}   # localized: the cheapest screen
     rec["verdict"][1]["holds"] = False
     (tmp_path / "01a_landscape.record.json").write_text(json.dumps(rec))
-    assert _joint_setup(tmp_path, cost={"a": 2.0, "b": 1.0}, models=["m1"])["tasks"] == {"m1": ["a"]}
-    ns = _joint_setup(tmp_path, models=["m1"], tasks={"m1": ["x"]})
-    assert ns["tasks"] == {"m1": ["x"]} and ns["cost_tasks"] == {"m1": ["a", "b"]}
+    assert setup(cost={"a": 2.0, "b": 1.0}, models=["m1"])[0] == {"m1": ["a"]}
+    assert setup(models=["m1"], tasks={"m1": ["x"]})[0] == {"m1": ["x"]}
+    assert setup(models=["m1"], tasks={"m1": "x"})[0] == {"m1": ["x"]}
     with pytest.raises(ValueError, match="calibrated no task with room for m3"):
-        _joint_setup(tmp_path, models=["m1", "m3"])
+        setup(models=["m1", "m3"])
     with pytest.raises(ValueError, match='must be "calibrated" or a dictionary'):
-        _joint_setup(tmp_path, models=["m1"], tasks="agreement")
+        setup(models=["m1"], tasks="agreement")
