@@ -97,7 +97,7 @@ def test_bibliography_names_are_plain_text():
 
 
 # ---- size budgets: one concept per module, short functions, small signatures ---------------------------------
-MODULE_LINES, FUNCTION_LINES, PARAMETERS = 500, 60, 10
+MODULE_LINES, FUNCTION_LINES, PARAMETERS, TEST_FILE_LINES = 500, 60, 10, 600
 # what may exceed a budget, by name, with the reason (empty: nothing does)
 LONG_MODULES: dict[str, str] = {}
 LONG_FUNCTIONS: dict[str, str] = {}
@@ -114,7 +114,7 @@ def budget_violations(path: Path) -> list[str]:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             name = f"{path.stem}:{node.name}"
             a = node.args
-            n_params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+            n_params = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
             n_lines = node.end_lineno - node.lineno + 1
             if n_lines > FUNCTION_LINES and name not in LONG_FUNCTIONS:
                 out.append(f"{name} is {n_lines} lines (budget {FUNCTION_LINES})")
@@ -128,6 +128,13 @@ def test_every_module_keeps_the_size_budgets():
     assert [v for path in sorted(PKG.glob("*.py")) for v in budget_violations(path)] == []
 
 
+def test_every_test_file_keeps_its_size_budget():
+    """Issue 52: the tests are held to a budget too (a file of tests over 600 lines is two concepts)."""
+    tests = Path(__file__).parent
+    assert [f"{p.name}: {p.read_text().count(chr(10))} lines" for p in sorted(tests.glob("*.py"))
+            if p.read_text().count("\n") > TEST_FILE_LINES] == []
+
+
 def test_the_budget_checker_sees_a_long_module_a_long_function_and_a_long_signature(tmp_path):
     f = tmp_path / "m.py"
     body = "\n".join(f"    x{i} = {i}" for i in range(61))
@@ -138,6 +145,8 @@ def test_the_budget_checker_sees_a_long_module_a_long_function_and_a_long_signat
                                     "m:long is 62 lines (budget 60)"]
     f.write_text("def ok(a, b, c, d, e, f, g, h, i, j):\n    pass\n")
     assert budget_violations(f) == []
+    f.write_text("def hidden(a, b, c, d, e, f, g, h, i, *args, **kwargs):\n    pass\n")   # *args, **kwargs count
+    assert budget_violations(f) == ["m:hidden takes 11 parameters (budget 10)"]
 
 
 def _calls(path: Path):
