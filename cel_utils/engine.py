@@ -190,7 +190,8 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
     result_cache = cache.enabled() if result_cache is None else result_cache
     key = result_key(lm, enc, head_sets, ablation) if result_cache else None
     if profiling.enabled():
-        profiling.note(sets=len(head_sets), items=enc.n_items, set_keys=set_keys(lm, enc, head_sets, ablation))
+        profiling.note(model=lm.name, task=enc.name, sets=len(head_sets), items=enc.n_items,
+                       tokens=sum(map(len, enc.inputs)), set_keys=set_keys(lm, enc, head_sets, ablation))
     if key is not None:
         hit = cached_result(key, len(head_sets), enc.n_items)
         if hit is not None:
