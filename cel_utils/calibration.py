@@ -29,7 +29,7 @@ from .scoring import encode_task
 from .tasks import BUILTIN_TASKS, load_task
 from .variants import VARIANTS, family_of
 
-COLUMNS = ["model", "task", "family", "knob", "split", "n", "search_baseline", "kept", "reason", "screen_work"]
+COLUMNS = ["model", "task", "family", "knob", "split", "n", "search_baseline", "kept", "reason", "screen_work", "dtype"]
 
 
 def candidates() -> list[str]:
@@ -49,7 +49,7 @@ def candidates() -> list[str]:
 def calibrate(lm, names: Sequence[str], n: int = CALIBRATION_ITEMS, band: tuple[float, float] = CALIBRATION_BAND,
               seed: int = 0, progress: bool = True) -> pd.DataFrame:
     """One row per candidate task: its unablated accuracy on the first ``n`` search items, and whether it lies in
-    ``band`` (``kept``) with the reason in words. Reads the search split only."""
+    ``band`` (``kept``) with the reason in words, and the dtype it ran in. Reads the search split only."""
     lo, hi = band
     if not 0 <= lo < hi <= 1:
         raise CELError(f"the calibration band must satisfy 0 <= low < high <= 1, got {band}")
@@ -65,7 +65,7 @@ def calibrate(lm, names: Sequence[str], n: int = CALIBRATION_ITEMS, band: tuple[
                   f"left: {acc:.2f} is below {lo:g} (near the floor)")
         rows.append({"model": lm.name, "task": name, "family": family_of(name), "knob": spec.knob if spec else "",
                      "split": task.split, "n": len(task), "search_baseline": acc, "kept": kept, "reason": reason,
-                     "screen_work": screen_work(lm, enc)})
+                     "screen_work": screen_work(lm, enc), "dtype": str(next(lm.model.parameters()).dtype)[6:]})
         if progress:
             print(f"{lm.name} / {name}: {reason}")
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -553,3 +553,10 @@ def test_conflict_or_noise_chapter_records(staged):
     for b in net["batteries"]:
         match = v[(v.attention == b["attention"]) & (v.run == b["run"])]
         assert b["heads"] == match.chosen.iloc[0] and b["task"] == "toy_a" and b["label"]
+
+
+def test_the_landscape_calibrates_in_float32(staged):
+    """Issue 51: chapter 1a's calibration (which tasks a build studies) runs in float32 on every CPU; on one with
+    native bfloat16, where the screens rank in bfloat16, a calibration in the ranking dtype shows here."""
+    rec = record(staged, "01a_landscape")
+    assert rec["calibration"] and {r["dtype"] for r in rec["calibration"]} == {"float32"}

@@ -110,6 +110,17 @@ def test_the_calibration_reads_only_search_items(monkeypatch):
         tasks.dealt.cache_clear()
 
 
+def test_the_calibration_says_which_dtype_it_ran_in():
+    """Issue 51: chapter 1a calibrates in float32 on every CPU (the tasks a build studies must not depend on
+    native bfloat16); each row names the dtype it ran in, and the staged chapter's record is checked for float32."""
+    from cel_utils.models import cast
+    from cel_utils.tiny import tiny_model
+
+    lm = tiny_model("llama")
+    assert set(calibration.calibrate(lm, ["ioi"], n=4, progress=False)["dtype"]) == {"float32"}
+    assert set(calibration.calibrate(cast(lm, "bfloat16"), ["ioi"], n=4, progress=False)["dtype"]) == {"bfloat16"}
+
+
 def test_calibration_keeps_the_band_and_picks_across_families():
     tab = pd.DataFrame({"model": ["m"] * 5 + ["g"], "task": ["addition", "addition_carry", "ioi", "ioi_3names",
                                                             "agreement", "ioi"],
