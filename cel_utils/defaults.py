@@ -11,6 +11,9 @@ import os
 # Engine: padded tokens per forward pass (bounds memory). The gradient screen keeps activations for the
 # backward pass, so it takes half as many tokens per batch.
 MAX_TOKENS = 8192
+# Result cache: lists of at most this many head sets (confirm, held-out, selectors) are also cached set by set, so a
+# later chapter evaluating a set again in another list reads it back (the screens' long lists are cached whole only)
+PER_SET_MAX = 16
 GRADIENT_MAX_TOKENS = 4096
 SCREEN_CHUNK_LAYERS = 6  # a screen is computed and cached this many layers at a time (a killed screen resumes)
 

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from . import cache, hooks, profiling, threads
 from .ablation import Ablation, Head, HeadAblator, Resampler, row_masks
-from .defaults import MAX_TOKENS, progress_enabled
+from .defaults import MAX_TOKENS, PER_SET_MAX, progress_enabled
 from .errors import CELError
 from .scoring import EncodedTask, ItemResults, aggregate, batches_by_tokens, encode_task, logits_at, read_stats
 
@@ -177,14 +177,15 @@ class PrefixKV:
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = MAX_TOKENS, progress: bool = True,
                        desc: str = "evaluating head sets", share_prefix: bool = True,
-                       result_cache: bool | None = None) -> ItemResults:
+                       result_cache: bool | None = None, per_set: bool | None = None) -> ItemResults:
     """Evaluate each head set (heads in a set ablated together) on every item.
 
     Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
     ``mode`` is ``"zero"``, ``"mean"`` (head means over these prompts unless ``means`` is given) or an
     :class:`~cel_utils.ablation.Ablation`. ``max_tokens`` bounds the padded tokens per forward (memory). With
     ``share_prefix`` a prompt prefix common to all items is run once per head set and its keys/values reused.
-    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``result_cache=False`` or ``CEL_NO_CACHE=1``.
+    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``result_cache=False`` or ``CEL_NO_CACHE=1``;
+    ``per_set`` also caches them set by set (default: :func:`per_set_cached`; a screen's chunks say False).
     """
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
     result_cache = cache.enabled() if result_cache is None else result_cache
@@ -197,6 +198,15 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
         if hit is not None:
             profiling.note(cached=True)
             return hit
+    run = lambda sets: _compute(lm, enc, sets, ablation, max_tokens, progress, desc, share_prefix)  # noqa: E731
+    per_set = per_set_cached(head_sets, ablation) if per_set is None else per_set and per_set_cached(head_sets, ablation)
+    res = by_set(lm, enc, head_sets, ablation, run) if key is not None and per_set else run(head_sets)
+    if key is not None:
+        store_result(key, res)
+    return res
+
+
+def _compute(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix) -> ItemResults:
     t0 = time.perf_counter()
     if ablation.mode == "resample":
         lp, gap = resample_stats(lm, enc, head_sets, ablation, max_tokens, share_prefix)
@@ -204,9 +214,37 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
         lp, gap = _read_stats_per_set(lm, enc, head_sets, ablation, max_tokens, progress, desc, share_prefix)
     res = aggregate(enc, lp, gap)
     res.seconds = time.perf_counter() - t0
-    if key is not None:
-        store_result(key, res)
     return res
+
+
+def per_set_cached(head_sets: Sequence[Sequence[Head]], ablation: Ablation) -> bool:
+    """Whether a list of head sets is also cached set by set: short lists (the confirm and held-out stages, the
+    selectors: at most :data:`~cel_utils.defaults.PER_SET_MAX` sets), whose sets later chapters evaluate again in
+    other lists; not the screens' long lists, and not ablations whose numbers depend on the list (a scale factor per
+    set, resampling).
+
+        >>> per_set_cached([[(0, 1)], [(1, 2)]], Ablation.of("zero")), per_set_cached([[(0, 1)]] * 40, Ablation.of("zero"))
+        (True, False)
+    """
+    return (len(head_sets) <= PER_SET_MAX and ablation.mode != "resample" and not ablation.alphas
+            and not ablation.head_alphas)
+
+
+def by_set(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation: Ablation, run) -> ItemResults:
+    """``run(head_sets)`` with each set's results read from the result cache where an earlier list held it (its key
+    is that of the set evaluated alone): only the missing sets are computed, each then stored alone too. A set's
+    numbers are those of whichever list first computed it (equal to the last bits or nearly: a batch's composition
+    can move a float32 sum in its last bit). ``seconds``: the time spent computing here."""
+    keys = [result_key(lm, enc, [hs], ablation) for hs in head_sets]
+    hits = [cached_result(k, 1, enc.n_items) for k in keys]
+    missing = [j for j, h in enumerate(hits) if h is None]
+    fresh = run([head_sets[j] for j in missing]) if missing else None
+    for i, j in enumerate(missing):
+        hits[j] = fresh.rows([i])
+        store_result(keys[j], hits[j])
+    cs = None if hits[0].choice_scores is None else np.concatenate([h.choice_scores for h in hits])
+    return ItemResults(np.concatenate([h.correct for h in hits]), np.concatenate([h.margin for h in hits]), cs,
+                       seconds=fresh.seconds if fresh is not None else 0.0, cached=fresh is None)
 
 
 def result_key(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation: Ablation,

@@ -14,21 +14,44 @@ def test_cache_hit_miss_and_corruption(tiny_llama, tmp_path, monkeypatch):
     enc = encode_task(lm, load_task("addition", n=4))
     sets = [[], [(0, 1)], [(1, 2), (2, 3)]]
     a = evaluate_head_sets(lm, enc, sets, progress=False)
-    files = list(tmp_path.rglob("*.npz"))
-    assert len(files) == 1 and not list(tmp_path.rglob("*.tmp"))
+    key = cache.make_key(lm, enc, sets, "zero")
+    entry = cache.cache_dir() / key[:2] / f"{key}.npz"
+    # the list's entry, and one per set (a short list is also cached set by set)
+    assert entry.exists() and len(list(tmp_path.rglob("*.npz"))) == 1 + 3 and not list(tmp_path.rglob("*.tmp"))
     b = evaluate_head_sets(lm, enc, sets, progress=False)
     assert np.array_equal(a.margin, b.margin) and np.array_equal(a.correct, b.correct)
     # a different head set, mode or task is a different key
-    evaluate_head_sets(lm, enc, [[], [(0, 2)]], progress=False)
+    evaluate_head_sets(lm, enc, [[], [(0, 2)]], progress=False)   # a new list, one new set
     evaluate_head_sets(lm, enc, sets, mode="mean", means=__import__("torch").zeros(lm.n_layers, lm.n_heads, lm.head_dim),
                        progress=False)
-    assert len(list(tmp_path.rglob("*.npz"))) == 3
-    # corrupt the first entry: detected (checksum), recomputed, rewritten
-    files[0].write_bytes(b"garbage")
-    key = cache.make_key(lm, enc, sets, "zero")
-    assert cache.load(key) is None and not files[0].exists()
+    assert len(list(tmp_path.rglob("*.npz"))) == 4 + 2 + 4
+    # corrupt the list's entry: detected (checksum), recomputed, rewritten
+    entry.write_bytes(b"garbage")
+    assert cache.load(key) is None and not entry.exists()
     c = evaluate_head_sets(lm, enc, sets, progress=False)
-    assert np.allclose(a.margin, c.margin) and files[0].exists()
+    assert np.allclose(a.margin, c.margin) and entry.exists()
+
+
+def test_a_set_computed_in_one_list_is_read_back_in_another(tiny_llama, tmp_path, monkeypatch):
+    """Issue 51 (nothing computed twice): a short list's sets are cached one by one, so a later list holding some of
+    them computes only the others (counted in the engine's forwards), and its numbers equal a fresh computation of
+    that list with the cache off (an independent run: same correctness, margins to float32 precision)."""
+    from cel_utils import engine
+
+    monkeypatch.setenv("CEL_CACHE_DIR", str(tmp_path))
+    lm = tiny_llama
+    enc = encode_task(lm, load_task("addition", n=6))
+    evaluate_head_sets(lm, enc, [[], [(0, 1)], [(1, 2)]], progress=False)
+    before = engine.STATS["forwards"]
+    second = evaluate_head_sets(lm, enc, [[(1, 2)], [], [(2, 3)]], progress=False)
+    only_new = engine.STATS["forwards"] - before
+    fresh = evaluate_head_sets(lm, enc, [[(1, 2)], [], [(2, 3)]], progress=False, result_cache=False)
+    full = engine.STATS["forwards"] - before - only_new
+    assert 0 < only_new < full and not second.cached
+    assert np.array_equal(second.correct, fresh.correct) and np.allclose(second.margin, fresh.margin, atol=1e-5)
+    again = evaluate_head_sets(lm, enc, [[(2, 3)], [(0, 1)]], progress=False)   # every set cached: nothing runs
+    assert again.cached and engine.STATS["forwards"] == before + only_new + full
+    assert np.array_equal(again.margin[0], second.margin[2])
 
 
 def test_no_cache(tiny_llama, tmp_path, monkeypatch):
