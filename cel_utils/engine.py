@@ -177,18 +177,19 @@ class PrefixKV:
 def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], mode: str | Ablation = "zero",
                        means: torch.Tensor | None = None, max_tokens: int = MAX_TOKENS, progress: bool = True,
                        desc: str = "evaluating head sets", share_prefix: bool = True,
-                       result_cache: bool | None = None, per_set: bool | None = None) -> ItemResults:
+                       result_cache: bool | str | None = None) -> ItemResults:
     """Evaluate each head set (heads in a set ablated together) on every item.
 
     Returns per-item results ``[len(head_sets), n_items]``. An empty head set gives the unablated model.
     ``mode`` is ``"zero"``, ``"mean"`` (head means over these prompts unless ``means`` is given) or an
     :class:`~cel_utils.ablation.Ablation`. ``max_tokens`` bounds the padded tokens per forward (memory). With
     ``share_prefix`` a prompt prefix common to all items is run once per head set and its keys/values reused.
-    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``result_cache=False`` or ``CEL_NO_CACHE=1``;
-    ``per_set`` also caches them set by set (default: :func:`per_set_cached`; a screen's chunks say False).
+    Results are cached on disk (see :mod:`cel_utils.cache`) unless ``result_cache=False`` or ``CEL_NO_CACHE=1``,
+    a short list also set by set (:func:`per_set_cached`) unless ``result_cache="whole"`` (a screen's chunks).
     """
     ablation = Ablation.of(mode, means).resolved(lm, enc.inputs)
-    result_cache = cache.enabled() if result_cache is None else result_cache
+    per_set = result_cache != "whole" and per_set_cached(head_sets, ablation)
+    result_cache = cache.enabled() if result_cache in (None, "whole") else result_cache
     key = result_key(lm, enc, head_sets, ablation) if result_cache else None
     if profiling.enabled():
         profiling.note(model=lm.name, task=enc.name, sets=len(head_sets), items=enc.n_items,
@@ -199,7 +200,6 @@ def evaluate_head_sets(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]]
             profiling.note(cached=True)
             return hit
     run = lambda sets: _compute(lm, enc, sets, ablation, max_tokens, progress, desc, share_prefix)  # noqa: E731
-    per_set = per_set_cached(head_sets, ablation) if per_set is None else per_set and per_set_cached(head_sets, ablation)
     res = by_set(lm, enc, head_sets, ablation, run) if key is not None and per_set else run(head_sets)
     if key is not None:
         store_result(key, res)

@@ -218,7 +218,7 @@ def screen_chunks(lm, enc: EncodedTask, chunks: Sequence[Sequence[Head]], ablati
     """
     n = n_heads if n_heads is not None else sum(map(len, chunks))
     return [evaluate_head_sets(lm, enc, chunk_head_sets(c), mode=ablation, max_tokens=max_tokens, progress=progress,
-                               result_cache=result_cache, per_set=False,   # a chunk is cached whole: it resumes
+                               result_cache="whole" if result_cache is not False else False,   # resumes by chunk
                                desc=f"screening {n} heads (layers {min(l for l, _ in c)}-{max(l for l, _ in c)})")
             for c in chunks]
 
