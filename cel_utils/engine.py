@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -266,8 +266,9 @@ def result_key(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablati
 
 
 def set_keys(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation: Ablation) -> list[str]:
-    """A short key per head set (model, items, ablation, the set and its own scale factor): equal keys in a profile
-    (:mod:`cel_utils.profiling`) are the same numbers computed twice.
+    """A short key per head set: that of the set evaluated alone (with its own scale factor), the key
+    :func:`by_set` caches it under; equal keys in a profile (:mod:`cel_utils.profiling`) are the same numbers
+    computed twice.
 
     Example:
         >>> from cel_utils.tiny import tiny_model
@@ -278,11 +279,8 @@ def set_keys(lm, enc: EncodedTask, head_sets: Sequence[Sequence[Head]], ablation
         >>> a[0] == a[1] == b[0] != a[2]
         True
     """
-    fp = {k: v for k, v in ablation.fingerprint().items() if k != "alphas"}
-    alphas = ablation.alphas or [None] * len(head_sets)
-    items = cache.encoded_hash(enc)
-    return [cache.key_of(lm, {"items": items, "set": sorted(map(list, hs)), "mode": ablation.mode, "alpha": a,
-                              "extra": fp})[:16] for hs, a in zip(head_sets, alphas)]
+    alone = [replace(ablation, alphas=(a,)) for a in ablation.alphas] if ablation.alphas else [ablation] * len(head_sets)
+    return [result_key(lm, enc, [hs], ab)[:16] for hs, ab in zip(head_sets, alone)]
 
 
 def cached_result(key: str, n_sets: int, n_items: int) -> ItemResults | None:

@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from . import cache, hooks, profiling
-from .ablation import Ablation, Head, compute_head_means
+from .ablation import Ablation, Head, ablate_heads, compute_head_means
 from .approximate import backprop_mean_margin
 from .compare import compare_sets
 from .defaults import ALPHA, N_BOOT, TEXT_TOKENS
@@ -83,8 +83,6 @@ def answer_of(text: str) -> str:
 def greedy(lm, prompts: Sequence[str], max_new: int, heads: Sequence[Head] = (), batch_size: int = 16) -> list[str]:
     """Greedy continuations of ``prompts`` (``max_new`` tokens each) with ``heads`` removed (zero), decoded.
     Batched with left padding and the model's KV cache (``generate``)."""
-    from .ablation import ablate_heads
-
     tok = lm.tokenizer
     out = []
     with ablate_heads(lm, list(heads)):
@@ -288,8 +286,6 @@ def chunk_nll(lm, chunks: list[list[int]], n_pre: int, head_sets: list[Sequence[
         >>> [r.shape for r in chunk_nll(lm, chunks, 1, [[], [(1, 2)]])]
         [(2, 2), (2, 2)]
     """
-    from .ablation import ablate_heads
-
     keys = [text_nll_key(lm, chunks, batch_size, hs, mode if hs else "zero") for hs in head_sets]
     out = [(cache.load(k) or {}).get("per_chunk") if cache.enabled() else None for k in keys]
     todo = [j for j, r in enumerate(out) if r is None]
